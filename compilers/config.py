@@ -1,0 +1,73 @@
+"""The mmGRPO compile configuration: one pydantic model, defaults that work on a 2-core CPU with the embedded model.
+
+Validation names the bad field (pydantic's error says which); cross-field rules raise with what to change.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class LoraSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    r: int = Field(16, ge=1, le=256)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+    def peft_config(self):
+        from peft import LoraConfig
+
+        return LoraConfig(r=self.r, lora_alpha=self.alpha, lora_dropout=self.dropout,
+                          target_modules=self.target_modules, task_type="CAUSAL_LM")
+
+
+class MMGRPOConfig(BaseModel):
+    """Every knob of a compile. Stored whole in the artifact's manifest."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # rollouts
+    steps: int = Field(20, ge=0, description="optimizer steps (each: sample, roll out, score, group, update)")
+    examples_per_step: int = Field(4, ge=1)
+    group_size: int = Field(8, ge=2, description="rollouts of the whole program per example")
+    temperature: float = Field(1.0, gt=0.0, description="sampling temperature of training rollouts")
+    max_tokens: int = Field(64, ge=1, description="max new tokens per LM call")
+    eval_max_tokens: int | None = Field(None, ge=1, description="max new tokens per call in validation (default max_tokens)")
+    # rewards
+    failure_score: float = Field(0.0, description="reward of every call of a crashed rollout")
+    format_failure_score: float = Field(-0.5, description="reward of a call whose output failed to parse")
+    metric_failure_score: float | None = Field(
+        None, description="reward when the metric raises or returns NaN; None makes that an error")
+    # grouping and advantages
+    grouping: Literal["truncate", "fill", "ragged"] = "ragged"
+    advantage: str = Field("dr_grpo", description="grpo | dr_grpo | rloo | mc_grpo")
+    # update
+    learning_rate: float = Field(2e-4, gt=0.0)
+    inner_epochs: int = Field(1, ge=1)
+    clip_eps: float = Field(0.2, gt=0.0, lt=1.0)
+    clip_eps_high: float | None = Field(None, gt=0.0)
+    beta: float = Field(0.0, ge=0.0, description="KL coefficient to the reference (the base with adapters off)")
+    loss_aggregation: Literal["token", "sequence", "constant"] = "token"
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    token_budget: int = Field(4096, ge=64, description="packed tokens per micro-batch (shared-prefix packing)")
+    lora: LoraSettings = LoraSettings()
+    # validation
+    eval_every: int = Field(5, ge=0, description="validate every N steps (0: only before and after training)")
+    keep: Literal["best", "last"] = "best"
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.format_failure_score >= self.failure_score:
+            raise ValueError(
+                f"format_failure_score ({self.format_failure_score}) must be below failure_score "
+                f"({self.failure_score}): a call that broke the format should score under a crashed rollout")
+        from compilers.advantages import ADVANTAGES
+
+        if self.advantage not in ADVANTAGES:
+            raise ValueError(f"advantage={self.advantage!r} is unknown: use one of {sorted(ADVANTAGES)}")
+        return self

@@ -1,0 +1,118 @@
+"""Grouping: LM calls of the rollouts of a step -> mmGRPO groups, one per (example, role path, invocation index).
+
+Members of a group come from the ``group_size`` rollouts of one example: the k-th call of role R in each of them.
+Each call inherits its rollout's reward (per-role credit comes later), except:
+- a call whose output failed to parse scores ``format_failure_score`` (it stays in its group: nothing is dropped);
+- every call of a crashed rollout scores ``failure_score`` (the calls made before the crash are kept).
+
+Roles called a variable number of times per rollout follow a mode (a small registry):
+- ``truncate``: keep invocation indices every rollout reached (the fewest calls);
+- ``fill``: rollouts with fewer calls repeat their last call so every group has all ``group_size`` members;
+- ``ragged``: a group holds whichever rollouts made that call (uneven groups; size-1 groups carry no signal).
+
+Invariant: groups are keyed by role path, never by signature; members keep a reference to their CallNode.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from wfc.rollout import CallNode, RolloutGraph
+
+
+@dataclass(frozen=True)
+class Member:
+    call: CallNode
+    reward: float
+    rollout: int  # index of the rollout within its example's rollouts
+    repeated: bool = False  # a `fill` copy
+
+
+@dataclass
+class Group:
+    example: int
+    role: str
+    invocation: int
+    members: list[Member] = field(default_factory=list)
+    advantages: list[float] | None = None  # None: not scored yet (not the same as zeros)
+    no_signal: bool | None = None
+
+    @property
+    def rewards(self) -> list[float]:
+        return [m.reward for m in self.members]
+
+
+def call_reward(graph: RolloutGraph, call: CallNode, *, failure_score: float, format_failure_score: float) -> float:
+    """The reward a call inherits from its rollout (see module doc)."""
+    if call.status == "format_error":
+        return format_failure_score
+    if graph.status == "crash" or call.status == "crash":
+        return failure_score
+    if graph.reward is None:
+        raise ValueError("rollout is not scored: score every rollout before grouping")
+    if graph.status == "format_error":
+        return failure_score
+    return graph.reward
+
+
+def _truncate(per_rollout: list[list[Member]]) -> list[list[Member]]:
+    depth = min(len(calls) for calls in per_rollout)
+    return [[calls[k] for calls in per_rollout] for k in range(depth)]
+
+
+def _fill(per_rollout: list[list[Member]]) -> list[list[Member]]:
+    depth = max(len(calls) for calls in per_rollout)
+    groups = []
+    for k in range(depth):
+        members = []
+        for calls in per_rollout:
+            if not calls:
+                continue  # a rollout that never called this role has nothing to repeat
+            if k < len(calls):
+                members.append(calls[k])
+            else:
+                last = calls[-1]
+                members.append(Member(last.call, last.reward, last.rollout, repeated=True))
+        groups.append(members)
+    return groups
+
+
+def _ragged(per_rollout: list[list[Member]]) -> list[list[Member]]:
+    depth = max(len(calls) for calls in per_rollout)
+    return [[calls[k] for calls in per_rollout if k < len(calls)] for k in range(depth)]
+
+
+GROUPING: dict[str, Callable[[list[list[Member]]], list[list[Member]]]] = {
+    "truncate": _truncate,
+    "fill": _fill,
+    "ragged": _ragged,
+}
+
+
+def build_groups(rollouts: Sequence[Sequence[RolloutGraph]], *, mode: str = "ragged", failure_score: float = 0.0,
+                 format_failure_score: float = -0.5) -> list[Group]:
+    """Groups for one step. ``rollouts[e]`` are the rollouts of example ``e``; every one must be scored."""
+    if mode not in GROUPING:
+        raise ValueError(f"grouping mode {mode!r} is unknown: use one of {sorted(GROUPING)}")
+    groups: list[Group] = []
+    for e, graphs in enumerate(rollouts):
+        role_order: dict[str, None] = {}
+        for g in graphs:
+            for r in g.roles:
+                role_order.setdefault(r, None)
+        for role in role_order:
+            per_rollout = []
+            for i, g in enumerate(graphs):
+                calls = []
+                for c in g.calls_of(role):
+                    reward = call_reward(g, c, failure_score=failure_score, format_failure_score=format_failure_score)
+                    if not math.isfinite(reward):
+                        raise ValueError(f"non-finite reward {reward} for example {e}, role {role!r}")
+                    calls.append(Member(c, reward, i))
+                per_rollout.append(calls)
+            for k, members in enumerate(GROUPING[mode](per_rollout)):
+                if members:
+                    groups.append(Group(example=e, role=role, invocation=k, members=members))
+    return groups

@@ -1,0 +1,280 @@
+"""Exact shared-prefix log-probs for GRPO groups (the "update" stage's forward pass).
+
+Data model: a *group* is ``(prompt_ids, completions)``: one prompt (``P >= 1`` token ids) and ``N >= 1`` completions
+(lists of token ids, lengths ``R_i >= 0`` that may differ). For every completion we want the per-token log-probs
+``log p(c_t | prompt, c_<t)`` as a 1-D tensor of length ``R_i``; both entry points return
+``list[list[Tensor]]`` in the order of the input (group, then completion), with the autograd graph attached when
+grad is enabled.
+
+- :func:`naive_logprobs` runs one right-padded row ``prompt + completion`` per completion (``N * (P + R)`` tokens):
+  the reference.
+- :func:`packed_logprobs` runs one row per group, ``prompt, c_0, c_1, ..., c_{N-1}`` (``P + sum R_i`` tokens), with
+  a 4-D additive float mask and ``position_ids`` restarting at ``P`` for each completion. Invariant: a completion
+  token attends to the whole prompt and to its own completion's causal past, nothing else, and sees the same
+  positions as in its naive row, so the result equals the naive one up to float rounding (about 1e-6 in fp32).
+  Token saving per group: :func:`rho` ``= N(P+R) / (P+NR)``.
+
+Both compute the LM head only at the positions that predict a completion token (the last prompt token predicts
+``c_0``; ``c_{t-1}`` predicts ``c_t``), on the hidden states gathered there, instead of a full-vocabulary
+``log_softmax`` over all ``T`` positions. That path is used for model families whose head is a plain linear layer
+(:data:`PLAIN_HEAD_MODEL_TYPES`); others fall back to full logits gathered afterwards.
+
+The functions call exactly the model they are given: for a PEFT model the LoRA layers apply, and inside
+``with peft_model.disable_adapter():`` they do not (the reference pass). Micro-batches are run one after another
+and all their graphs stay alive until the caller's backward; to bound activation memory, split the groups with
+:func:`plan_microbatches` and call backward per micro-batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+Group = tuple[Sequence[int], Sequence[Sequence[int]]]
+
+DEFAULT_TOKEN_BUDGET = 8192
+# Families whose CausalLM head is `lm_head(hidden)` with no scaling or soft-capping afterwards.
+PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3", "phi3"})
+# Attention implementations that take an arbitrary 4-D additive mask as given.
+MASKABLE_ATTENTION = frozenset({"sdpa", "eager"})
+
+
+def rho(P: int, R: float, N: int) -> float:
+    """Token ratio naive / packed for one group: ``N(P+R) / (P+NR)`` (1 for N=1, -> N as P dominates)."""
+    if P < 0 or R < 0 or N < 1:
+        raise ValueError(f"rho needs P >= 0, R >= 0, N >= 1; got P={P}, R={R}, N={N}")
+    if P + N * R == 0:
+        return 1.0
+    return N * (P + R) / (P + N * R)
+
+
+def packed_length(group: Group) -> int:
+    """Tokens in the packed row of ``group``: ``P + sum R_i``."""
+    prompt, completions = group
+    return len(prompt) + sum(len(c) for c in completions)
+
+
+def plan_microbatches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Split rows of the given lengths into micro-batches of at most ``token_budget`` padded tokens each.
+
+    The cost of a micro-batch is ``rows * max_len`` (rows are padded to the longest). Rows are taken longest first,
+    so rows of similar length share a batch; a row longer than the budget gets a micro-batch of its own. Returns
+    lists of indices into ``lengths``; every index appears exactly once.
+    """
+    if not isinstance(token_budget, int) or token_budget < 1:
+        raise ValueError(f"token_budget must be a positive int (tokens per micro-batch), got {token_budget!r}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        # Longest first: the first row of the current batch is its max length.
+        if batches and (len(batches[-1]) + 1) * max(lengths[batches[-1][0]], 1) <= token_budget:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def _check_groups(groups: Sequence[Group]) -> None:
+    for g, group in enumerate(groups):
+        if not isinstance(group, (tuple, list)) or len(group) != 2:
+            raise TypeError(f"group {g} must be a (prompt_ids, completions) pair, got {type(group).__name__}")
+        prompt, completions = group
+        if len(prompt) == 0:
+            raise ValueError(f"group {g} has an empty prompt: the last prompt token predicts c_0, so P must be >= 1")
+        if len(completions) == 0:
+            raise ValueError(f"group {g} has no completions: drop it before computing log-probs")
+        if isinstance(completions[0], int):
+            raise TypeError(f"group {g}: completions must be a list of token-id lists, not one flat list")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Forward pass with the head applied only where needed.
+
+
+@dataclass
+class _Batch:
+    """One micro-batch: model inputs plus, for every predicted token, where its logits are and what it is."""
+
+    input_ids: torch.Tensor  # (B, T)
+    attention_mask: torch.Tensor  # (B, T) 0/1 for naive, (B, 1, T, T) additive float for packed
+    position_ids: torch.Tensor  # (B, T)
+    rows: torch.Tensor  # (K,) row of each predicting position
+    cols: torch.Tensor  # (K,) column of each predicting position
+    targets: torch.Tensor  # (K,) the token it predicts
+    lengths: list[int]  # completion lengths in output order; sum == K
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers CausalLM inside a PEFT wrapper (LoRA layers stay injected, so they still apply)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _check_attention(model: torch.nn.Module) -> None:
+    impl = getattr(_unwrap(model).config, "_attn_implementation", None)
+    if impl not in MASKABLE_ATTENTION:
+        raise ValueError(
+            f"packed log-probs need an attention implementation that honours a 4-D float mask "
+            f"({sorted(MASKABLE_ATTENTION)}), but the model uses {impl!r}: call model.set_attn_implementation('sdpa')"
+        )
+
+
+def _token_logprobs(model: torch.nn.Module, batch: _Batch, *, fast: bool | None = None) -> torch.Tensor:
+    """Log-probs of ``batch.targets`` at ``(rows, cols)``; shape (K,). ``fast=None`` picks by model family."""
+    base = _unwrap(model)
+    if fast is None:
+        fast = getattr(base.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
+    inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+    if fast:
+        hidden = base.get_decoder()(**inputs, use_cache=False).last_hidden_state  # (B, T, H)
+        logits = base.get_output_embeddings()(hidden[batch.rows, batch.cols])  # (K, V)
+    else:
+        logits = model(**inputs, use_cache=False).logits[batch.rows, batch.cols]  # (K, V)
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+
+
+def _run(model, batches: list[tuple[list[tuple[int, int]], _Batch]], n_out: list[int], fast) -> list[list[torch.Tensor]]:
+    """Run micro-batches and scatter their flat results back to ``out[group][completion]``."""
+    out: list[list[torch.Tensor | None]] = [[None] * n for n in n_out]
+    for keys, batch in batches:
+        flat = _token_logprobs(model, batch, fast=fast)
+        for (g, i), piece in zip(keys, torch.split(flat, batch.lengths), strict=True):
+            out[g][i] = piece
+    return out  # type: ignore[return-value]
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return _unwrap(model).get_input_embeddings().weight.device
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Naive reference: one row per completion.
+
+
+def _naive_batch(seqs: list[tuple[Sequence[int], Sequence[int]]], device) -> _Batch:
+    T = max(len(p) + len(c) for p, c in seqs)
+    ids = torch.zeros(len(seqs), T, dtype=torch.long)
+    mask = torch.zeros(len(seqs), T, dtype=torch.long)
+    rows, cols, targets, lengths = [], [], [], []
+    for b, (prompt, comp) in enumerate(seqs):
+        n = len(prompt) + len(comp)
+        ids[b, :n] = torch.tensor([*prompt, *comp], dtype=torch.long)
+        mask[b, :n] = 1  # right padding: real tokens keep positions 0..n-1
+        P = len(prompt)
+        rows += [b] * len(comp)
+        cols += range(P - 1, P - 1 + len(comp))
+        targets += comp
+        lengths.append(len(comp))
+    position_ids = torch.arange(T).expand(len(seqs), T)
+    return _Batch(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        position_ids=position_ids.to(device),
+        rows=torch.tensor(rows, dtype=torch.long, device=device),
+        cols=torch.tensor(cols, dtype=torch.long, device=device),
+        targets=torch.tensor(targets, dtype=torch.long, device=device),
+        lengths=lengths,
+    )
+
+
+def naive_logprobs(
+    model: torch.nn.Module, groups: Sequence[Group], *, token_budget: int | None = None, fast: bool | None = None
+) -> list[list[torch.Tensor]]:
+    """Per-token completion log-probs from one ``prompt + completion`` row per completion (the reference).
+
+    ``token_budget=None`` runs one micro-batch per group (N rows); an int packs rows of all groups into micro-batches
+    of at most that many padded tokens. ``fast`` forces (True) or disables (False) the head-on-needed-positions path.
+    """
+    _check_groups(groups)
+    device = _device(model)
+    units = [((g, i), (prompt, comp)) for g, (prompt, comps) in enumerate(groups) for i, comp in enumerate(comps)]
+    if token_budget is None:
+        plan = [[u for u, ((g, _), _) in enumerate(units) if g == gi] for gi in range(len(groups))]
+    else:
+        plan = plan_microbatches([len(p) + len(c) for _, (p, c) in units], token_budget)
+    batches = [([units[u][0] for u in mb], _naive_batch([units[u][1] for u in mb], device)) for mb in plan]
+    return _run(model, batches, [len(c) for _, c in groups], fast)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Packed: one row per group.
+
+
+def packed_mask(segments: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive attention mask (B, 1, T, T) from segment ids (B, T): 0 = prompt, i+1 = completion i, -1 = padding.
+
+    Query q may attend key k iff ``k <= q`` and k is prompt or in q's own segment, and neither is padding.
+    Padding queries attend to themselves only, so no row is fully masked (a fully masked softmax row is NaN in
+    some kernels, and NaN times a zero gradient is still NaN in the weight gradients).
+    Blocked entries hold ``finfo(dtype).min`` rather than ``-inf`` for the same reason.
+    """
+    B, T = segments.shape
+    idx = torch.arange(T, device=segments.device)
+    causal = idx[None, :] <= idx[:, None]  # (T, T) [q, k]
+    seg_q, seg_k = segments[:, :, None], segments[:, None, :]  # (B, T, 1), (B, 1, T)
+    real_q, real_k = seg_q >= 0, seg_k >= 0
+    allowed = causal & ((seg_k == 0) | (seg_k == seg_q)) & real_q & real_k  # (B, T, T)
+    allowed |= torch.eye(T, dtype=torch.bool, device=segments.device)
+    mask = torch.zeros(B, 1, T, T, dtype=dtype, device=segments.device)
+    return mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+
+
+def _packed_batch(groups: list[Group], device, dtype: torch.dtype) -> _Batch:
+    T = max(packed_length(g) for g in groups)
+    ids = torch.zeros(len(groups), T, dtype=torch.long)  # pad id is irrelevant: padding is masked out
+    seg = torch.full((len(groups), T), -1, dtype=torch.long)
+    pos = torch.zeros(len(groups), T, dtype=torch.long)
+    rows, cols, targets, lengths = [], [], [], []
+    for b, (prompt, comps) in enumerate(groups):
+        P = len(prompt)
+        ids[b, :P] = torch.tensor(list(prompt), dtype=torch.long)
+        seg[b, :P] = 0
+        pos[b, :P] = torch.arange(P)
+        start = P
+        for i, comp in enumerate(comps):
+            R = len(comp)
+            ids[b, start : start + R] = torch.tensor(list(comp), dtype=torch.long)
+            seg[b, start : start + R] = i + 1
+            pos[b, start : start + R] = torch.arange(P, P + R)  # as if the completion followed the prompt alone
+            # c_0 is predicted by the last prompt token, c_t by c_{t-1} at column start + t - 1.
+            rows += [b] * R
+            cols += [P - 1, *range(start, start + R - 1)][:R]
+            targets += comp
+            lengths.append(R)
+            start += R
+    return _Batch(
+        input_ids=ids.to(device),
+        attention_mask=packed_mask(seg.to(device), dtype),
+        position_ids=pos.to(device),
+        rows=torch.tensor(rows, dtype=torch.long, device=device),
+        cols=torch.tensor(cols, dtype=torch.long, device=device),
+        targets=torch.tensor(targets, dtype=torch.long, device=device),
+        lengths=lengths,
+    )
+
+
+def packed_logprobs(
+    model: torch.nn.Module,
+    groups: Sequence[Group],
+    *,
+    token_budget: int = DEFAULT_TOKEN_BUDGET,
+    fast: bool | None = None,
+) -> list[list[torch.Tensor]]:
+    """Per-token completion log-probs with each group packed into one row (see the module doc).
+
+    Groups are batched up to ``token_budget`` padded tokens per micro-batch (``rows * max_len``); a group longer
+    than the budget runs alone. The result has the structure of :func:`naive_logprobs` and equals it to float
+    rounding. ``fast`` as in :func:`naive_logprobs`.
+    """
+    _check_groups(groups)
+    _check_attention(model)
+    base = _unwrap(model)
+    device, dtype = _device(model), base.get_input_embeddings().weight.dtype
+    plan = plan_microbatches([packed_length(g) for g in groups], token_budget)
+    batches = []
+    for mb in plan:
+        keys = [(g, i) for g in mb for i in range(len(groups[g][1]))]
+        batches.append((keys, _packed_batch([groups[g] for g in mb], device, dtype)))
+    return _run(model, batches, [len(c) for _, c in groups], fast)

@@ -1,0 +1,56 @@
+"""EvalOpt: a generator proposes, an evaluator judges, an optimizer revises, up to ``rounds`` revisions.
+
+Stops as soon as the evaluator accepts (its verdict starts with "correct"/"yes"). Roles: ``generator``,
+``evaluator`` (called once per round: a variable number of times per rollout), ``optimizer`` (0..rounds times).
+"""
+
+from __future__ import annotations
+
+import re
+
+import dspy
+
+from programs._fields import derive, task_signature
+from wfc.program import Program
+
+_ACCEPT = re.compile(r"^\W*(correct|yes|accept)", re.IGNORECASE)
+
+
+def accepted(verdict: str) -> bool:
+    return bool(_ACCEPT.match(verdict or "")) and not re.match(r"^\W*(incorrect|not)", verdict or "", re.I)
+
+
+class EvalOpt(Program):
+    """Generate, evaluate, revise until accepted or out of rounds."""
+
+    def __init__(self, signature, *, rounds: int = 2, predictor: type[dspy.Predict] = dspy.Predict,
+                 name: str | None = None):
+        super().__init__(name=name)
+        if not isinstance(rounds, int) or rounds < 0:
+            raise ValueError(f"EvalOpt needs rounds >= 0, got {rounds!r}")
+        sig = task_signature(signature)
+        self.rounds = rounds
+        self.outputs = list(sig.output_fields)
+        self.generator = predictor(sig)
+        self.evaluator = predictor(derive(
+            sig, outputs_as_inputs=True,
+            instructions=("Check the proposed solution of the task. Reply 'correct' if it is right; otherwise reply "
+                          "'incorrect' and say briefly what is wrong."),
+            outputs={"verdict": (str, "'correct', or 'incorrect' with the reason")},
+        ))
+        self.optimizer = predictor(derive(
+            sig, outputs_as_inputs=True, prefix="previous_",
+            instructions=f"{sig.instructions.strip()}\nA reviewer found a problem with the previous solution. Fix it.",
+            extra_inputs={"feedback": (str, "what the reviewer found wrong")},
+        ))
+
+    def forward(self, **inputs):
+        current = self.generator(**inputs)
+        for _ in range(self.rounds):
+            proposal = {k: getattr(current, k) for k in self.outputs}
+            verdict = self.evaluator(**inputs, **proposal).verdict
+            if accepted(verdict):
+                break
+            previous = {f"previous_{k}": v for k, v in proposal.items()}
+            current = self.optimizer(**inputs, **previous, feedback=verdict)
+        return current

@@ -1,0 +1,125 @@
+"""A DSPy chat adapter that small models can follow: compact prompts for single-output roles.
+
+DSPy's ChatAdapter asks for ``[[ ## field ## ]]`` sections. Measured here, SmolLM2-135M never produces them (0 of 9
+samples at T=1), so every call would be a format error and GRPO would see no signal at all. For a role with exactly
+one output field there is nothing to delimit, so this adapter:
+
+- formats: a system message with the signature's instructions and the output field's description, then the inputs
+  as ``Name: value`` lines (a single input is sent as its bare value);
+- parses: the whole completion is the output field's value, coerced to its annotation (``list[str]`` also accepts one
+  item per line; ``bool`` accepts yes/no/true/false/correct). A value that cannot be coerced is a format error.
+
+Roles with several output fields (e.g. ``ChainOfThought``'s reasoning + answer) fall back to ChatAdapter's sections,
+strictly (no JSON retry: a retry would be a second, hidden LM call in the rollout graph).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import typing
+from typing import Any
+
+from dspy.adapters.chat_adapter import ChatAdapter
+from dspy.adapters.utils import parse_value
+from dspy.utils.exceptions import AdapterParseError
+
+_BULLET = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)]|\(\d+\))\s*")
+_TRUE = {"yes", "true", "correct", "accept", "accepted", "1"}
+_FALSE = {"no", "false", "incorrect", "wrong", "reject", "rejected", "0"}
+
+
+def _as_list(text: str) -> list[str]:
+    try:
+        value = json.loads(text)
+        if isinstance(value, list):
+            return [str(v) for v in value]
+    except (ValueError, TypeError):
+        pass
+    items = [_BULLET.sub("", line).strip() for line in text.splitlines()]
+    return [i for i in items if i]
+
+
+def _as_bool(text: str) -> bool:
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    if not words:
+        raise ValueError("empty answer where yes/no was expected")
+    if words[0] in _TRUE:
+        return True
+    if words[0] in _FALSE:
+        return False
+    raise ValueError(f"expected yes/no, got {text[:40]!r}")
+
+
+def coerce(text: str, annotation: Any) -> Any:
+    """The value of a single-output completion under ``annotation``; raises ValueError when it does not fit."""
+    text = text.strip()
+    if annotation is str or annotation is None:
+        return text
+    if annotation is bool:
+        return _as_bool(text)
+    origin = typing.get_origin(annotation)
+    if origin is list and typing.get_args(annotation) in ((str,), ()):
+        return _as_list(text)
+    return parse_value(text, annotation)
+
+
+class CompactChatAdapter(ChatAdapter):
+    """ChatAdapter with compact single-output prompts (see module docstring)."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("use_json_adapter_fallback", False)
+        super().__init__(**kwargs)
+
+    @staticmethod
+    def _single_output(signature) -> str | None:
+        outputs = list(signature.output_fields)
+        return outputs[0] if len(outputs) == 1 else None
+
+    def _user_content(self, signature, values: dict[str, Any]) -> str:
+        names = list(signature.input_fields)
+        if len(names) == 1:
+            return self._render(values.get(names[0], ""))
+        lines = []
+        for name in names:
+            if name in values:
+                title = name.replace("_", " ").capitalize()
+                lines.append(f"{title}: {self._render(values[name])}")
+        return "\n".join(lines)
+
+    @staticmethod
+    def _render(value: Any) -> str:
+        if isinstance(value, (list, tuple)):
+            return "\n" + "\n".join(f"{i + 1}. {v}" for i, v in enumerate(value))
+        return str(value)
+
+    def format(self, signature, demos, inputs):
+        field = self._single_output(signature)
+        if field is None:
+            return super().format(signature, demos, inputs)
+        info = signature.output_fields[field]
+        desc = (info.json_schema_extra or {}).get("desc") or field
+        hint = desc if desc and not desc.startswith("${") else field.replace("_", " ")
+        system = f"{signature.instructions.strip()}\nReply with only the {hint}."
+        messages = [{"role": "system", "content": system}]
+        for demo in demos or []:
+            if field in demo:
+                messages.append({"role": "user", "content": self._user_content(signature, demo)})
+                messages.append({"role": "assistant", "content": str(demo[field])})
+        messages.append({"role": "user", "content": self._user_content(signature, inputs)})
+        return messages
+
+    def parse(self, signature, completion: str) -> dict[str, Any]:
+        field = self._single_output(signature)
+        if field is None:
+            return super().parse(signature, completion)
+        annotation = signature.output_fields[field].annotation
+        try:
+            return {field: coerce(completion, annotation)}
+        except (ValueError, TypeError) as exc:
+            raise AdapterParseError(
+                adapter_name="CompactChatAdapter",
+                signature=signature,
+                lm_response=completion,
+                message=f"could not read field {field!r} as {annotation}: {exc}",
+            ) from None

@@ -1,0 +1,65 @@
+"""The engine protocol: batched chat generation where every request names its adapter and sampling settings.
+
+Data model:
+- ``GenerationRequest``: chat ``messages``, the ``adapter`` to route through (``None`` = the base model), and
+  ``SamplingParams``.
+- ``Generation``: the completion ``text``; ``prompt_ids`` (exactly the tokens the model was conditioned on, no
+  padding); ``completion_ids`` (exactly the tokens it produced, ending at EOS or a stop string, no padding);
+  ``logprobs`` (one per completion token, under the temperature-scaled distribution it was sampled from).
+
+Invariant: ``len(logprobs) == len(completion_ids)``; ``prompt_ids + completion_ids`` is the sequence the engine saw.
+
+Engines accept requests one at a time from many threads (``submit`` returns a future) and are free to batch them:
+that is how the concurrent calls of many rollouts become few ``generate`` calls.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+BASE = None  # the adapter name of "no adapter" in requests
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    temperature: float = Field(0.0, ge=0.0, description="0 means greedy decoding")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(128, ge=1, le=32768)
+    stop: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class GenerationRequest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    messages: tuple[dict[str, str], ...]
+    adapter: str | None = BASE
+    sampling: SamplingParams = SamplingParams()
+
+
+class Generation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str = "stop"  # "stop" (EOS or a stop string) or "length"
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What rollouts, the trainer and the server need from an inference engine."""
+
+    def submit(self, request: GenerationRequest) -> Future: ...
+
+    def generate(self, requests: list[GenerationRequest]) -> list[Generation]: ...
+
+    def close(self) -> None: ...

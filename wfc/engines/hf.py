@@ -1,0 +1,250 @@
+"""The HF engine: transformers generate + peft multi-LoRA, with request batching across threads.
+
+Requests submitted concurrently (from many rollouts, from the voters of one rollout) are collected by one worker
+thread until no new request arrives for ``batch_wait_s`` (or ``max_batch`` are waiting), then generated together:
+rows with different adapters share one ``generate`` call through peft's ``adapter_names``. Rows are grouped only by
+sampling settings, since one ``generate`` call has one generation config.
+
+Adapters live on the one resident base model (``self.model`` becomes a ``PeftModel`` with the first adapter). The
+trainer updates adapter weights in place on this same object, so the next rollouts use them with no reload; it holds
+``self.lock`` while it does, which keeps generation out of a half-updated model.
+
+Log-probs are recorded while sampling (a logits processor that sees the raw logits before any warper), under the
+temperature-scaled distribution (T=1 for greedy requests). No full (B, T, V) logits tensor is ever kept.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from wfc.engines.base import Generation, GenerationRequest, SamplingParams
+from wfc.models import ModelHandle, load_model
+
+BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed batch
+
+
+class _LogprobRecorder:
+    """Logits processor that records log p(token) of each sampled token, one (B,) tensor per step."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.prev: torch.Tensor | None = None  # (B, V) log-probs of the step whose token is not yet known
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            self.steps.append(self.prev.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            self.steps.append(self.prev.gather(1, sequences[:, -1:]).squeeze(1))
+            self.prev = None
+        return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(sequences.shape[0], 0)  # (B, R)
+
+
+class HFEngine:
+    """transformers + peft engine. ``model`` is a name for :func:`wfc.models.load_model` or a loaded handle."""
+
+    def __init__(
+        self,
+        model: str | ModelHandle = "smollm2-135m",
+        *,
+        max_batch: int = 64,
+        batch_wait_s: float = 0.05,
+        default_stop: tuple[str, ...] = (),
+    ):
+        self.handle = model if isinstance(model, ModelHandle) else load_model(model)
+        self.tokenizer = self.handle.tokenizer
+        self.model: Any = self.handle.model
+        self.max_batch = max_batch
+        self.batch_wait_s = batch_wait_s
+        self.default_stop = tuple(default_stop)
+        self.lock = threading.RLock()
+        self.stats = {"generate_calls": 0, "rows": 0, "batch_sizes": []}
+        self._queue: queue.Queue = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self._closed = False
+        self._start_lock = threading.Lock()
+
+    # ----- adapters -------------------------------------------------------------------------------------------
+    @property
+    def base_model(self):
+        """The underlying transformers model (without the peft wrapper)."""
+        return self.model.get_base_model() if self.is_peft else self.model
+
+    @property
+    def is_peft(self) -> bool:
+        return hasattr(self.model, "peft_config")
+
+    @property
+    def adapters(self) -> list[str]:
+        return list(self.model.peft_config) if self.is_peft else []
+
+    def add_adapter(self, name: str, lora_config) -> None:
+        """Create a fresh LoRA adapter ``name`` on the resident base model."""
+        from peft import get_peft_model
+
+        with self.lock:
+            if name in self.adapters:
+                raise ValueError(f"adapter {name!r} already exists; pick another name or delete it first")
+            if self.is_peft:
+                self.model.add_adapter(name, lora_config)
+            else:
+                self.model = get_peft_model(self.model, lora_config, adapter_name=name)
+            self.model.eval()  # mixed-adapter batches refuse training mode; LoRA dropout stays 0
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Load a saved PEFT adapter directory as adapter ``name``."""
+        from peft import PeftModel
+
+        with self.lock:
+            if self.is_peft:
+                if name in self.adapters:
+                    self.model.delete_adapter(name)
+                self.model.load_adapter(path, adapter_name=name)
+            else:
+                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
+            self.model.eval()
+
+    # ----- generation -----------------------------------------------------------------------------------------
+    def submit(self, request: GenerationRequest) -> Future:
+        if self._closed:
+            raise RuntimeError("HFEngine is closed")
+        self._ensure_worker()
+        future: Future = Future()
+        self._queue.put((request, future))
+        return future
+
+    def generate(self, requests: list[GenerationRequest]) -> list[Generation]:
+        futures = [self.submit(r) for r in requests]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        self._closed = True
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join(timeout=5)
+            self._worker = None
+
+    def _ensure_worker(self) -> None:
+        with self._start_lock:
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._loop, name="wfc-hf-engine", daemon=True)
+                self._worker.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            # Collect until the callers go quiet: concurrent rollouts submit within milliseconds of each other.
+            while len(batch) < self.max_batch:
+                try:
+                    nxt = self._queue.get(timeout=self.batch_wait_s)
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._queue.put(None)
+                    break
+                batch.append(nxt)
+            by_sampling: dict[SamplingParams, list] = {}
+            for request, future in batch:
+                by_sampling.setdefault(request.sampling, []).append((request, future))
+            for sampling, items in by_sampling.items():
+                try:
+                    results = self._generate_batch([r for r, _ in items], sampling)
+                except Exception as exc:  # every waiting caller learns of the failure
+                    for _, future in items:
+                        future.set_exception(exc)
+                    continue
+                for (_, future), result in zip(items, results):
+                    future.set_result(result)
+
+    def _render(self, messages) -> str:
+        return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+
+    def encode_prompt(self, messages) -> list[int]:
+        """The exact prompt ids this engine conditions on for ``messages``."""
+        return self.tokenizer(self._render(messages), add_special_tokens=False)["input_ids"]
+
+    def _generate_batch(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
+        tok = self.tokenizer
+        texts = [self._render(r.messages) for r in requests]
+        enc = tok(texts, add_special_tokens=False, padding=True, return_tensors="pt")
+        stop = tuple(sampling.stop) + self.default_stop
+        recorder = _LogprobRecorder(sampling.temperature)
+        kwargs: dict[str, Any] = dict(
+            input_ids=enc["input_ids"],
+            attention_mask=enc["attention_mask"],
+            max_new_tokens=sampling.max_tokens,
+            do_sample=not sampling.greedy,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            logits_processor=[recorder],
+            num_beams=1,
+        )
+        if not sampling.greedy:  # top_k=0: sample from the full distribution the recorded log-probs describe
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        if stop:
+            kwargs.update(stop_strings=list(stop), tokenizer=tok)
+        wanted = [r.adapter for r in requests]
+        if any(a is not None for a in wanted):
+            missing = sorted({a for a in wanted if a is not None} - set(self.adapters))
+            if missing:
+                raise ValueError(f"unknown adapter(s) {missing}; this engine has {self.adapters or 'none'}")
+        if self.is_peft:
+            kwargs["adapter_names"] = [a if a is not None else BASE_ADAPTER for a in wanted]
+        with self.lock, torch.inference_mode():
+            self.model.eval()
+            out = self.model.generate(**kwargs)
+            logprobs = recorder.finish(out)  # (B, R)
+        self.stats["generate_calls"] += 1
+        self.stats["rows"] += len(requests)
+        self.stats["batch_sizes"].append(len(requests))
+        prompt_len = enc["input_ids"].shape[1]
+        results = []
+        for row in range(len(requests)):
+            mask = enc["attention_mask"][row].bool()
+            prompt_ids = enc["input_ids"][row][mask].tolist()
+            produced = out[row, prompt_len:].tolist()
+            completion, finish = self._trim(produced, stop, sampling.max_tokens)
+            results.append(
+                Generation(
+                    text=tok.decode(completion, skip_special_tokens=True),
+                    prompt_ids=prompt_ids,
+                    completion_ids=completion,
+                    logprobs=logprobs[row, : len(completion)].tolist(),
+                    finish_reason=finish,
+                )
+            )
+        return results
+
+    def _trim(self, produced: list[int], stop: tuple[str, ...], max_tokens: int) -> tuple[list[int], str]:
+        """Cut a generated row at its first EOS (kept) or at the token completing a stop string (kept)."""
+        eos = self.tokenizer.eos_token_id
+        end = len(produced)
+        finish = "length"
+        if eos in produced:
+            end = produced.index(eos) + 1
+            finish = "stop"
+        if stop:
+            text = self.tokenizer.decode(produced[:end], skip_special_tokens=True)
+            if any(s in text for s in stop):
+                for k in range(1, end + 1):
+                    piece = self.tokenizer.decode(produced[:k], skip_special_tokens=True)
+                    if any(s in piece for s in stop):
+                        end, finish = k, "stop"
+                        break
+        if finish == "length" and end < max_tokens:
+            finish = "stop"  # generation ended early for the whole batch on a stop criterion
+        return produced[:end], finish

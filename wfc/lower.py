@@ -1,0 +1,217 @@
+"""Lowering: run a DSPy program on an example under a tracer and get its rollout graph.
+
+How a call finds its role: every rollout runs on its own copy of the program, whose predictors each hold their own
+``dspy.LM`` handle (DSPy 3.4 custom engine interface). That handle's engine, a ``RoleEngine``, knows the role path,
+the adapter it routes to, the sampling settings and the rollout's recorder. No global or thread-local lookup is
+needed, so rollouts and the fan-out threads inside them can run concurrently and still land in the right graph.
+
+Role identity is the dotted path from ``named_predictors()``; two roles built from the same Signature class are two
+roles.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import itertools
+import threading
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterable, Mapping
+
+import dspy
+from dspy.lm15 import Message, Response, TextPart, Usage
+from dspy.utils.exceptions import AdapterParseError
+
+from wfc.adapter import CompactChatAdapter
+from wfc.engines.base import Engine, GenerationRequest, SamplingParams
+from wfc.rollout import CallNode, RolloutGraph
+
+RoleAdapters = Mapping[str, str | None]
+
+
+def roles(program: dspy.Module) -> dict[str, dspy.Predict]:
+    """Role path -> predictor. A program without predictors is an error (there is nothing to lower or train)."""
+    if not isinstance(program, dspy.Module):
+        raise TypeError(f"expected a dspy.Module, got {type(program).__name__}: wrap your roles in a dspy.Module")
+    found = dict(program.named_predictors())
+    if not found:
+        raise ValueError(
+            f"{type(program).__name__} has no predictors: give it at least one dspy.Predict / dspy.ChainOfThought "
+            "attribute (the roles wfc lowers and trains)"
+        )
+    return found
+
+
+def copy_program(program: dspy.Module) -> dspy.Module:
+    """A deep copy of ``program`` that shares (never copies) the LM handles its predictors hold."""
+    memo: dict[int, Any] = {}
+    for _, predictor in program.named_predictors():
+        lm = getattr(predictor, "lm", None)
+        if lm is not None:
+            memo[id(lm)] = None  # the copy starts unbound; bind() gives it handles of its own
+    return copy.deepcopy(program, memo)
+
+
+class _Recorder:
+    """Collects the calls of one rollout. Thread-safe: fan-out calls record concurrently."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._clock = itertools.count(1)
+        self._ids = itertools.count()
+        self._invocations: dict[str, int] = {}
+        self.calls: list[CallNode] = []
+
+    def start(self, role: str, adapter: str | None, messages: list[dict[str, str]], temperature: float) -> CallNode:
+        with self._lock:
+            invocation = self._invocations.get(role, 0)
+            self._invocations[role] = invocation + 1
+            node = CallNode(
+                id=next(self._ids), role=role, invocation=invocation, adapter=adapter, messages=messages,
+                temperature=temperature, started=next(self._clock),
+            )
+            self.calls.append(node)
+            return node
+
+    def tick(self) -> int:
+        with self._lock:
+            return next(self._clock)
+
+
+def _messages(request) -> list[dict[str, str]]:
+    out = []
+    if request.system is not None:
+        system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system)
+        out.append({"role": "system", "content": system})
+    out.extend({"role": m.role, "content": m.text or ""} for m in request.messages)
+    return out
+
+
+class RoleEngine:
+    """DSPy engine object for one role of one rollout: routes to the wfc engine and records a CallNode per call."""
+
+    def __init__(self, engine: Engine, role: str, adapter: str | None, signature, sampling: SamplingParams,
+                 recorder: _Recorder | None):
+        self.engine = engine
+        self.role = role
+        self.adapter = adapter
+        self.signature = signature
+        self.sampling = sampling
+        self.recorder = recorder
+
+    def complete(self, request):
+        messages = _messages(request)
+        cfg = request.config
+        sampling = self.sampling.model_copy(update={
+            "temperature": cfg.temperature if cfg.temperature is not None else self.sampling.temperature,
+            "max_tokens": cfg.max_tokens if cfg.max_tokens is not None else self.sampling.max_tokens,
+            "stop": tuple(cfg.stop) if cfg.stop else self.sampling.stop,
+        })
+        node = self.recorder.start(self.role, self.adapter, messages, sampling.temperature) if self.recorder else None
+        try:
+            gen = self.engine.submit(GenerationRequest(messages=tuple(messages), adapter=self.adapter,
+                                                       sampling=sampling)).result()
+        except Exception as exc:
+            if node is not None:
+                node.status, node.error = "crash", f"{type(exc).__name__}: {exc}"
+                node.finished = self.recorder.tick()
+            raise
+        if node is not None:
+            node.prompt_ids, node.completion_ids, node.logprobs = gen.prompt_ids, gen.completion_ids, gen.logprobs
+            node.text, node.finish_reason = gen.text, gen.finish_reason
+            adapter = dspy.settings.adapter or CompactChatAdapter()
+            try:
+                node.outputs = adapter.parse(self.signature, gen.text)
+            except AdapterParseError as exc:
+                node.status, node.error = "format_error", str(exc)[:500]
+            except Exception as exc:  # a parser bug is still this call's format failure, never a lost call
+                node.status, node.error = "format_error", f"{type(exc).__name__}: {exc}"
+            node.finished = self.recorder.tick()
+        usage = Usage(input_tokens=len(gen.prompt_ids), output_tokens=len(gen.completion_ids),
+                      total_tokens=len(gen.prompt_ids) + len(gen.completion_ids))
+        return Response(id=None, model=f"wfc/{self.role}", message=Message.assistant([TextPart(gen.text)]),
+                        finish_reason="length" if gen.finish_reason == "length" else "stop", usage=usage)
+
+    def stream(self, request):
+        from dspy.lm15 import response_to_events
+
+        return response_to_events(self.complete(request))
+
+    def close(self) -> None:
+        pass
+
+
+def bind(program: dspy.Module, engine: Engine, *, adapters: RoleAdapters | None = None,
+         sampling: SamplingParams | Mapping[str, SamplingParams] = SamplingParams(),
+         recorder: _Recorder | None = None) -> dspy.Module:
+    """Give every predictor of ``program`` (in place) its own LM handle on ``engine``; returns ``program``."""
+    adapters = adapters or {}
+    for path, predictor in roles(program).items():
+        role_sampling = sampling.get(path, SamplingParams()) if isinstance(sampling, Mapping) else sampling
+        role_engine = RoleEngine(engine, path, adapters.get(path), predictor.signature, role_sampling, recorder)
+        predictor.lm = dspy.LM(model=f"wfc/{path}", engine=role_engine, cache=False, num_retries=0,
+                               temperature=role_sampling.temperature, max_tokens=role_sampling.max_tokens)
+    return program
+
+
+def _prediction_dict(prediction: Any) -> dict[str, Any] | None:
+    if prediction is None:
+        return None
+    if isinstance(prediction, dspy.Prediction):
+        return dict(prediction.items())
+    if isinstance(prediction, Mapping):
+        return dict(prediction)
+    return {"output": prediction}
+
+
+def trace(program: dspy.Module, example: dspy.Example | Mapping[str, Any], engine: Engine, *,
+          adapters: RoleAdapters | None = None,
+          sampling: SamplingParams | Mapping[str, SamplingParams] = SamplingParams(),
+          adapter: dspy.Adapter | None = None) -> RolloutGraph:
+    """Run ``program`` once on ``example`` and return its rollout graph. Never raises for a failing run: a format
+    error or a crash becomes the rollout's status, with every call made up to that point kept."""
+    inputs = dict(example.inputs()) if isinstance(example, dspy.Example) else dict(example)
+    record = dict(example.items()) if isinstance(example, dspy.Example) else dict(example)
+    recorder = _Recorder()
+    prog = bind(copy_program(program), engine, adapters=adapters, sampling=sampling, recorder=recorder)
+    status, error, outputs = "ok", None, None
+    try:
+        with dspy.context(adapter=adapter or CompactChatAdapter(), trace=[]):
+            outputs = _prediction_dict(prog(**inputs))
+    except AdapterParseError as exc:
+        status, error = "format_error", str(exc)[:2000]
+    except Exception as exc:
+        status = "crash"
+        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    if status == "ok" and any(c.status == "crash" for c in recorder.calls):
+        status = "crash"  # a crashed call the program swallowed still interrupted its trajectory
+    return RolloutGraph(recorder.calls, example=record, outputs=outputs, status=status, error=error)
+
+
+def parallel_map(fn: Callable, items: Iterable, *, max_workers: int | None = None) -> list:
+    """``[fn(x) for x in items]`` on threads, each in a copy of the caller's context (so ``dspy.context`` settings
+    follow). Use it for fan-out inside programs: the engine batches the concurrent calls into one generate."""
+    items = list(items)
+    if not items:
+        return []
+    workers = max_workers or len(items)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, fn, x) for x in items]
+        return [f.result() for f in futures]
+
+
+def run_rollouts(program: dspy.Module, examples: list, engine: Engine, *, repeats: int = 1,
+                 adapters: RoleAdapters | None = None,
+                 sampling: SamplingParams | Mapping[str, SamplingParams] = SamplingParams(),
+                 adapter: dspy.Adapter | None = None, max_workers: int = 64) -> list[list[RolloutGraph]]:
+    """``repeats`` rollouts of ``program`` per example, all in flight together so the engine batches them.
+    Returns one list of graphs per example, in input order."""
+    roles(program)  # validate once, before any thread starts
+    jobs = [(i, ex) for i, ex in enumerate(examples) for _ in range(repeats)]
+    graphs = parallel_map(lambda job: trace(program, job[1], engine, adapters=adapters, sampling=sampling,
+                                            adapter=adapter), jobs, max_workers=min(max_workers, len(jobs) or 1))
+    out: list[list[RolloutGraph]] = [[] for _ in examples]
+    for (i, _), g in zip(jobs, graphs):
+        out[i].append(g)
+    return out
