@@ -135,8 +135,10 @@ def _token_logprobs(model: torch.nn.Module, batch: _Batch, *, fast: bool | None 
     return logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
 
 
-def _run(model, batches: list[tuple[list[tuple[int, int]], _Batch]], n_out: list[int], fast) -> list[list[torch.Tensor]]:
-    """Run micro-batches and scatter their flat results back to ``out[group][completion]``."""
+def _run(
+    model: torch.nn.Module, batches: list[tuple[list[tuple[int, int]], _Batch]], n_out: list[int], fast: bool | None
+) -> list[list[torch.Tensor]]:
+    """Run micro-batches (each with its ``(group, completion)`` keys) and scatter results to ``out[g][i]``."""
     out: list[list[torch.Tensor | None]] = [[None] * n for n in n_out]
     for keys, batch in batches:
         flat = _token_logprobs(model, batch, fast=fast)
@@ -190,8 +192,11 @@ def naive_logprobs(
     _check_groups(groups)
     device = _device(model)
     units = [((g, i), (prompt, comp)) for g, (prompt, comps) in enumerate(groups) for i, comp in enumerate(comps)]
-    if token_budget is None:
-        plan = [[u for u, ((g, _), _) in enumerate(units) if g == gi] for gi in range(len(groups))]
+    if token_budget is None:  # one micro-batch per group: units are listed group by group
+        starts = [0]
+        for _, comps in groups:
+            starts.append(starts[-1] + len(comps))
+        plan = [list(range(a, b)) for a, b in zip(starts, starts[1:])]
     else:
         plan = plan_microbatches([len(p) + len(c) for _, (p, c) in units], token_budget)
     batches = [([units[u][0] for u in mb], _naive_batch([units[u][1] for u in mb], device)) for mb in plan]

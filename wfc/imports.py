@@ -100,7 +100,7 @@ def load_program(spec: str):
     obj = load_object(spec)
     if not isinstance(obj, dspy.Module):
         if not callable(obj):
-            raise LoadError(f"{spec} is a {type(obj).__name__}, not a dspy.Module or a zero-argument factory of one")
+            raise LoadError(f"{spec} is of type {type(obj).__name__}, not a dspy.Module or a zero-argument factory of one")
         try:
             obj = obj()
         except TypeError as exc:
@@ -109,7 +109,7 @@ def load_program(spec: str):
         except Exception as exc:
             raise LoadError(f"calling {spec}() failed: {type(exc).__name__}: {exc}") from exc
         if not isinstance(obj, dspy.Module):
-            raise LoadError(f"{spec}() returned a {type(obj).__name__}, not a dspy.Module")
+            raise LoadError(f"{spec}() returned an object of type {type(obj).__name__}, not a dspy.Module")
     try:
         roles(obj)
     except ValueError as exc:

@@ -204,7 +204,10 @@ class RoleGraph(BaseModel):
 
 
 def _node_label(s: RoleStats, *, sep: str) -> str:
-    calls = f"{s.calls_mean:.2g} calls" if s.calls_min == s.calls_max else f"{s.calls_min}-{s.calls_max} calls"
+    if s.calls_min == s.calls_max:
+        calls = f"{s.calls_min} call" + ("" if s.calls_min == 1 else "s")
+    else:
+        calls = f"{s.calls_min}-{s.calls_max} calls (mean {s.calls_mean:.2g})"
     parts = [s.role, f"{calls}, fan-out {s.fan_out}", f"{s.token_share:.0%} of tokens"]
     if s.format_error_rate or s.crash_rate:
         parts.append(f"fmt err {s.format_error_rate:.0%}, crash {s.crash_rate:.0%}")

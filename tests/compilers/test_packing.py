@@ -20,10 +20,9 @@ ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    from wfc.models import load_model
-
-    return load_model("tiny").model
+def tiny(tiny_handle):
+    """The session's shared tiny model: tests below deep-copy it before changing anything."""
+    return tiny_handle.model
 
 
 def _ids(gen: torch.Generator, n: int, vocab: int = 49152) -> list[int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from wfc.tasks.sandbox import SandboxLimits, SandboxResult, run_python, sandbox_python
+from wfc.tasks.sandbox import SandboxLimits, SandboxResult, _usable_by_others, run_python, sandbox_python
 
 SMALL = SandboxLimits(
     timeout_s=3.0, cpu_s=1, memory_bytes=256 << 20, max_processes=16, max_file_bytes=1 << 20, max_output_bytes=10_000
@@ -153,10 +154,13 @@ def test_very_large_output_is_capped(sandbox_parent):
 def test_environment_secrets_are_not_inherited(sandbox_parent, monkeypatch):
     secret = f"hunter2-{uuid.uuid4().hex}"
     monkeypatch.setenv("WFC_TEST_SECRET", secret)
+    # Running as root, or as the host's own user, the program could read /proc/<host pid>/environ (documented):
+    # probe it only when the sandbox runs the program as `nobody`.
+    probe = (os.getpid(), os.getppid(), 1) if can_drop_root() else ()
     code = f"""
 import os
 print(dict(os.environ))
-for pid in ({os.getpid()}, {os.getppid()}, 1):
+for pid in {probe!r}:
     try:
         print(open(f"/proc/{{pid}}/environ", "rb").read())
     except OSError as e:
@@ -293,6 +297,12 @@ def test_spinning_fork_bomb_is_cleaned_up(sandbox_parent):
     assert r.status in ("timeout", "killed")
     assert r.duration_s < 2.0
     assert wait_until_gone(lambda status, _: "\nUid:\t65534\t" in status, ignore=before) == set()
+
+
+def test_explicit_interpreter(sandbox_parent):
+    r = run_python("import sys; print(sys.version_info[0])", python=sys.executable, workdir_parent=sandbox_parent)
+    assert r.status == "passed" and r.stdout == "3\n"
+    assert r.privileges_dropped == (ROOT and _usable_by_others(sys.executable))
 
 
 def test_isolation_flags_are_reported(sandbox_parent):

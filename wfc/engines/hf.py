@@ -15,6 +15,7 @@ temperature-scaled distribution (T=1 for greedy requests). No full (B, T, V) log
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 from concurrent.futures import Future
@@ -47,6 +48,12 @@ class _LogprobRecorder:
             self.steps.append(self.prev.gather(1, sequences[:, -1:]).squeeze(1))
             self.prev = None
         return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(sequences.shape[0], 0)  # (B, R)
+
+
+def _dedup_key(request: GenerationRequest, sampling: SamplingParams):
+    if not sampling.greedy:
+        return id(request)
+    return (json.dumps(request.messages, sort_keys=True), request.adapter)
 
 
 class HFEngine:
@@ -159,14 +166,21 @@ class HFEngine:
             for request, future in batch:
                 by_sampling.setdefault(request.sampling, []).append((request, future))
             for sampling, items in by_sampling.items():
+                # Greedy decoding is a function of (messages, adapter): identical requests are generated once.
+                unique: dict = {}
+                for request, _ in items:
+                    key = _dedup_key(request, sampling)
+                    unique.setdefault(key, request)
+                keys = list(unique)
                 try:
-                    results = self._generate_batch([r for r, _ in items], sampling)
-                except Exception as exc:  # every waiting caller learns of the failure
+                    results = self._generate_batch([unique[k] for k in keys], sampling)
+                except BaseException as exc:  # every waiting caller learns of the failure; the worker lives on
                     for _, future in items:
                         future.set_exception(exc)
                     continue
-                for (_, future), result in zip(items, results):
-                    future.set_result(result)
+                by_key = dict(zip(keys, results))
+                for request, future in items:
+                    future.set_result(by_key[_dedup_key(request, sampling)].model_copy(deep=True))
 
     def _render(self, messages) -> str:
         return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)

@@ -17,13 +17,13 @@ from wfc.tasks.codegen import make_codegen
 from wfc.tasks.humaneval import load_humaneval
 from wfc.tasks.math import extract_number, format_number, math_metric, numbers_match
 from wfc.tasks.math_data import load_gsm8k, load_svamp
-from wfc.tasks.registry import DEFAULT_TASK, TASKS, Task, get_task
+from wfc.tasks.registry import DEFAULT_TASK, TASKS, Task, UnknownTaskError, get_task
 from wfc.tasks.sandbox import SandboxLimits, SandboxResult, run_python, sandbox_python
 from wfc.tasks.signatures import SolveMath, WriteCode
 
 __all__ = [
-    "DEFAULT_TASK", "TASKS", "SandboxLimits", "SandboxResult", "SolveMath", "Task", "WriteCode", "build_program",
-    "code_metric", "extract_code", "extract_number", "format_number", "get_task", "load_gsm8k", "load_humaneval",
-    "load_svamp", "make_arithmetic", "make_codegen", "math_metric", "numbers_match", "pass_at_k", "run_python",
-    "run_tests", "sandbox_python",
+    "DEFAULT_TASK", "TASKS", "SandboxLimits", "SandboxResult", "SolveMath", "Task", "UnknownTaskError", "WriteCode",
+    "build_program", "code_metric", "extract_code", "extract_number", "format_number", "get_task", "load_gsm8k",
+    "load_humaneval", "load_svamp", "make_arithmetic", "make_codegen", "math_metric", "numbers_match", "pass_at_k",
+    "run_python", "run_tests", "sandbox_python",
 ]

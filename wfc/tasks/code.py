@@ -3,12 +3,16 @@
 A code example (HumanEval or generated, see :mod:`wfc.tasks.humaneval` and :mod:`wfc.tasks.codegen`) carries
 ``prompt`` (the input), ``tests`` (source defining ``check(candidate)``, which asserts), ``entry_point`` (the
 function's name) and, for completion-style problems such as HumanEval, ``stub`` (the signature and docstring the
-answer may continue). A prediction passes when ``answer code + tests + check(entry_point)`` exits 0 in the sandbox.
+answer may continue). A prediction passes when ``answer code + tests + check(entry_point)`` exits 0 in the sandbox
+and then prints a random per-run token: an answer that exits early (``sys.exit(0)``, ``os._exit(0)``, an ``atexit``
+hook) never reaches the tests, so it must not score. Known gaps: a program that reads its own source can find the
+token; one that prints more than the sandbox keeps (``max_output_bytes``) hides the token and scores 0.
 """
 
 from __future__ import annotations
 
 import re
+import uuid
 from math import comb
 
 from wfc.tasks.sandbox import SandboxLimits, SandboxResult, run_python
@@ -35,8 +39,11 @@ def _defines(code: str, name: str) -> bool:
     return re.search(rf"^\s*def\s+{re.escape(name)}\s*\(", code, re.M) is not None
 
 
-def build_program(code: str, *, tests: str, entry_point: str, stub: str | None = None) -> str:
-    """The program the sandbox runs: answer code, then the tests, then ``check(entry_point)``.
+def build_program(
+    code: str, *, tests: str, entry_point: str, stub: str | None = None, token: str | None = None
+) -> str:
+    """The program the sandbox runs: answer code, then the tests, then ``check(entry_point)``, then (with a
+    ``token``) a line printing it, which only runs when everything before it did.
 
     With a ``stub`` (completion-style problems): an answer that does not define ``entry_point`` is a body that
     continues the stub, so it is appended to it; an answer that does define it still gets the stub's import lines
@@ -48,7 +55,11 @@ def build_program(code: str, *, tests: str, entry_point: str, stub: str | None =
             code = f"{imports}\n\n{code}" if imports else code
         else:
             code = stub + code
-    return f"{code}\n\n\n{tests}\n\n\ncheck({entry_point})\n"
+    program = f"{code}\n\n\n{tests}\n\n\ncheck({entry_point})\n"
+    if token is not None:
+        # os.write on fd 1: immune to answers that shadow `print` or replace `sys.stdout`
+        program += f"import os as _wfc_os\n_wfc_os.write(1, {(token + chr(10)).encode()!r})\n"
+    return program
 
 
 def _field(obj: object, name: str, default: object = ...) -> object:
@@ -60,14 +71,21 @@ def _field(obj: object, name: str, default: object = ...) -> object:
         raise
 
 
-def run_tests(example: object, code: str, *, limits: SandboxLimits = CODE_LIMITS) -> SandboxResult:
-    """Run ``code`` against the example's tests in the sandbox; the full :class:`SandboxResult` (for feedback)."""
+def run_tests(example: object, code: str, *, limits: SandboxLimits = CODE_LIMITS) -> tuple[bool, SandboxResult]:
+    """Run ``code`` against the example's tests in the sandbox: (passed, the full :class:`SandboxResult`).
+
+    ``passed`` needs exit status 0 *and* the end-of-program token on stdout (see the module docstring); the result
+    is there for feedback (stderr holds the failing assert).
+    """
     try:
         tests, entry_point = _field(example, "tests"), _field(example, "entry_point")
     except (AttributeError, KeyError):
         raise TypeError("a code example needs `tests` and `entry_point` fields (see wfc.tasks.code)") from None
-    program = build_program(code, tests=tests, entry_point=entry_point, stub=_field(example, "stub", None))
-    return run_python(program, limits=limits)
+    token = f"wfc-tests-done-{uuid.uuid4().hex}"
+    stub = _field(example, "stub", None)
+    result = run_python(build_program(code, tests=tests, entry_point=entry_point, stub=stub, token=token),
+                        limits=limits)
+    return result.passed and token in result.stdout, result
 
 
 def code_metric(
@@ -91,7 +109,8 @@ def code_metric(
     code = extract_code(text)
     if not code.strip():
         return 0.0
-    return 1.0 if run_tests(example, code, limits=limits).passed else 0.0
+    passed, _ = run_tests(example, code, limits=limits)
+    return 1.0 if passed else 0.0
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -39,6 +39,13 @@ from wfc.tasks.signatures import SolveMath, WriteCode
 DEFAULT_TASK = "arithmetic"
 
 
+class UnknownTaskError(ValueError, KeyError):
+    """A task name that is not in :data:`TASKS`. A ``ValueError`` (a user mistake), and a ``KeyError`` for callers
+    that treat the registry as a mapping."""
+
+    __str__ = ValueError.__str__  # KeyError would wrap the message in quotes
+
+
 @dataclass(frozen=True)
 class Task:
     """A named task. ``train_examples is None`` marks an evaluation-only task (see :attr:`trainset`)."""
@@ -168,7 +175,7 @@ TASKS: Mapping[str, Callable[..., Task]] = MappingProxyType({
 def get_task(name: str = DEFAULT_TASK, **kwargs) -> Task:
     """Build the task called ``name`` with the builder's keyword arguments (see the module docstring)."""
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; choose one of {sorted(TASKS)}")
+        raise UnknownTaskError(f"unknown task {name!r}; choose one of {sorted(TASKS)}")
     builder = TASKS[name]
     accepted = list(inspect.signature(builder).parameters)
     unknown = sorted(set(kwargs) - set(accepted))

@@ -5,8 +5,9 @@ What is enforced, on every run (Linux):
 - **Time**: a wall-clock deadline (the whole process group is SIGKILLed) and ``RLIMIT_CPU`` (SIGXCPU at the soft
   limit, SIGKILL one second later).
 - **Memory**: ``RLIMIT_AS`` per process (allocations beyond it fail: Python raises ``MemoryError``).
-- **Files**: ``RLIMIT_FSIZE`` per file written (SIGXFSZ), ``RLIMIT_NOFILE``, no core dumps; a fresh working
-  directory, removed afterwards; stdin is ``/dev/null``; no inherited file descriptors (``close_fds``).
+- **Files**: ``RLIMIT_FSIZE`` per file written (writes beyond it fail with EFBIG: Python ignores SIGXFSZ),
+  ``RLIMIT_NOFILE``, no core dumps; a fresh working directory (inside a private parent, so ``..`` is not writable),
+  removed afterwards; stdin is ``/dev/null``; no inherited file descriptors (``close_fds``).
 - **Environment**: the program sees a minimal environment (``PATH``, ``HOME``/``TMPDIR`` = its directory, ``LANG``),
   never the host's variables, and runs ``python -I`` (ignores ``PYTHON*`` variables, user site, cwd on sys.path).
 - **Process cleanup**: the sandbox starts a new session; when the program ends or the deadline passes, the whole
@@ -32,6 +33,10 @@ What is **not** prevented: reading world-readable files; writing wherever the pr
 the same user outside a PID namespace; CPU contention (no cgroups). ``RLIMIT_NPROC`` counts every process of the
 user on the machine, so concurrent sandboxes share it. This is a guard against accidents and sloppy model output,
 not a security boundary against a determined attacker: use a VM or gVisor for that.
+
+Mechanics: the host starts ``sandbox_runner.py`` (no ``preexec_fn``, so :func:`run_python` is safe to call from
+several threads at once); the runner applies the limits, enters the namespaces, drops privileges and reports what it
+achieved on a private pipe (see its docstring). Linux only.
 """
 
 from __future__ import annotations
@@ -197,10 +202,13 @@ def _pump(proc: subprocess.Popen, captures: dict, deadline: float) -> bool:
             if grace_until is not None and now >= grace_until:
                 return False
             for key, _ in sel.select(timeout=min(deadline - now, 0.05)):
-                chunk = key.fileobj.read(_CHUNK)
+                try:
+                    chunk = os.read(key.fd, _CHUNK)
+                except BlockingIOError:
+                    continue
                 if chunk:
                     key.data.feed(chunk)
-                elif chunk is not None:  # b"" is EOF; None means "nothing right now"
+                else:  # EOF: every process holding this pipe has closed it
                     sel.unregister(key.fileobj)
         return False
     finally:

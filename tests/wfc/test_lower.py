@@ -1,0 +1,171 @@
+"""The tracer (wfc.lower): rollout-graph invariants on the tiny real model, and failure/attribution cases on a
+scripted engine."""
+
+from __future__ import annotations
+
+import math
+
+import dspy
+import pytest
+
+from programs import EvalOpt, OrchWorkers, Single, Voting
+from wfc.engines.base import SamplingParams
+from wfc.lower import roles, run_rollouts, trace
+from wfc.models import ModelNotFoundError
+from wfc.rolegraph import RoleGraph
+
+QA = dspy.Signature("question -> answer", "Solve the arithmetic problem.")
+SHORT = SamplingParams(temperature=1.0, max_tokens=6)
+
+
+# ----- invariants on the tiny real model ----------------------------------------------------------------------------
+@pytest.mark.parametrize("program", [Single(QA), Voting(QA, n=2), EvalOpt(QA, rounds=1), OrchWorkers(QA)],
+                         ids=["single", "voting", "evalopt", "orchworkers"])
+def test_nodes_hold_exactly_what_the_engine_saw(program, tiny_engine):
+    g = trace(program, {"question": "What is 2 + 3?"}, tiny_engine, sampling=SHORT)
+    assert g.calls, "every program makes at least one call"
+    assert [c.id for c in g.calls] == list(range(len(g.calls)))  # ids follow submission order
+    tok = tiny_engine.tokenizer
+    for node in g.calls:
+        assert node.status != "crash", node.error
+        assert node.prompt_ids == tiny_engine.encode_prompt(node.messages)
+        assert 1 <= len(node.completion_ids) <= SHORT.max_tokens
+        assert len(node.logprobs) == len(node.completion_ids)
+        assert all(math.isfinite(lp) and lp <= 0 for lp in node.logprobs)
+        assert tok.decode(node.completion_ids, skip_special_tokens=True) == node.text
+        assert node.temperature == SHORT.temperature and node.started < node.finished
+    assert set(g.roles) <= set(roles(program))
+
+
+def test_voting_batches_its_voters_into_one_generate_call(tiny_handle):
+    from wfc.engines.hf import HFEngine
+
+    engine = HFEngine(tiny_handle, batch_wait_s=0.5)  # own engine: exact stats; slack for a busy machine
+    try:
+        g = trace(Voting(QA, n=4), {"question": "What is 2 + 3?"}, engine, sampling=SHORT)
+    finally:
+        engine.close()
+    assert g.status == "ok", g.error
+    assert engine.stats["generate_calls"] == 2  # 4 voters in one batch, then the aggregator
+    assert engine.stats["batch_sizes"] == [4, 1]
+    assert g.fan_out("voter") == 4 and g.fan_out("aggregator") == 1
+    assert [c.invocation for c in g.calls_of("voter")] == [0, 1, 2, 3]
+
+
+def test_unknown_model_name():
+    from wfc.engines.hf import HFEngine
+
+    with pytest.raises(ModelNotFoundError, match="unknown model 'no-such-model'"):
+        HFEngine("no-such-model")
+
+
+# ----- scripted: attribution, variable calls, failures --------------------------------------------------------------
+def test_orchworkers_variable_worker_counts(fake_engine):
+    plans = iter(["add the numbers", "read\nadd\ncheck"])
+    engine = fake_engine(by_system={
+        "Break the task": lambda r: next(plans),
+        "Solve this one subtask": "partial",  # echoes nothing of the plan, so no orchestrator -> synthesizer edge
+        "Use the results": "5",
+    })
+    graphs = [trace(OrchWorkers(QA), {"question": "2 + 3?"}, engine) for _ in range(2)]
+    assert [len(g.calls_of("worker")) for g in graphs] == [1, 3]
+    assert all(g.status == "ok" and g.outputs == {"answer": "5"} for g in graphs)
+    subtasks = sorted(c.messages[-1]["content"].split("Subtask: ")[-1] for c in graphs[1].calls_of("worker"))
+    assert subtasks == ["add", "check", "read"]  # one worker call per subtask (submission order is the threads')
+    rg = RoleGraph.from_rollouts(graphs)
+    worker = rg.stats("worker")
+    assert (worker.calls_min, worker.calls_max, worker.calls_mean) == (1, 3, 2.0)
+    assert rg.stats("orchestrator").calls_min == rg.stats("orchestrator").calls_max == 1
+    assert {(e.src, e.dst) for e in rg.edges} == {("orchestrator", "worker"), ("worker", "synthesizer")}
+
+
+class _Typed(dspy.Module):
+    def __init__(self, signature):
+        super().__init__()
+        self.judge = dspy.Predict(signature)
+
+    def forward(self, question):
+        return self.judge(question=question)
+
+
+@pytest.mark.parametrize("signature, text", [("question -> count: int", "many"), ("question -> ok: bool", "maybe")])
+def test_unparseable_output_is_a_format_error_node_with_raw_text(signature, text, fake_engine):
+    g = trace(_Typed(dspy.Signature(signature)), {"question": "how many?"}, fake_engine([text]))
+    (node,) = g.calls
+    assert node.status == "format_error" and node.text == text and node.outputs is None
+    assert node.error and node.completion_ids  # the raw completion is kept for the format penalty
+    assert g.status == "format_error" and g.outputs is None and g.error
+
+
+def test_parseable_typed_output_is_ok(fake_engine):
+    g = trace(_Typed(dspy.Signature("question -> ok: bool")), {"question": "?"}, fake_engine(["Yes."]))
+    assert g.status == "ok" and g.calls[0].outputs == {"ok": True} and g.outputs == {"ok": True}
+
+
+def test_engine_failure_in_one_role_is_a_crash_node_and_earlier_nodes_are_kept(fake_engine):
+    def down(request):
+        raise RuntimeError("engine down")
+
+    engine = fake_engine(by_system={"Check the proposed solution": down, "Solve": "5"})
+    g = trace(EvalOpt(QA, rounds=2), {"question": "2 + 3?"}, engine)
+    assert [(c.role, c.status) for c in g.calls] == [("generator", "ok"), ("evaluator", "crash")]
+    assert g.calls[0].text == "5" and "engine down" in g.calls[1].error
+    assert g.status == "crash" and "engine down" in g.error
+
+
+class _Raises(dspy.Module):
+    def __init__(self):
+        super().__init__()
+        self.planner = dspy.Predict(QA)
+
+    def forward(self, question):
+        self.planner(question=question)
+        raise RuntimeError("bad plan")
+
+
+def test_program_that_raises_is_a_crashed_rollout_with_its_calls(fake_engine):
+    g = trace(_Raises(), {"question": "?"}, fake_engine(["a plan"]))
+    assert g.status == "crash" and "RuntimeError: bad plan" in g.error
+    assert [(c.role, c.status, c.text) for c in g.calls] == [("planner", "ok", "a plan")]
+
+
+class _SameSignatureTwice(dspy.Module):
+    def __init__(self):
+        super().__init__()
+        self.draft = dspy.Predict(QA)
+        self.check = dspy.Predict(QA)  # the very same Signature class: still a second role
+
+    def forward(self, question):
+        drafted = self.draft(question=question).answer
+        return self.check(question=f"{question} Draft: {drafted}")
+
+
+def test_roles_from_the_same_signature_class_stay_distinct(fake_engine):
+    program = _SameSignatureTwice()
+    assert list(roles(program)) == ["draft", "check"]
+    engine = fake_engine(lambda r: "checked" if "Draft:" in r.messages[-1]["content"] else "drafted")
+    g = trace(program, {"question": "2 + 3?"}, engine, adapters={"draft": "A", "check": "B"})
+    assert [(c.role, c.adapter, c.text) for c in g.calls] == [("draft", "A", "drafted"), ("check", "B", "checked")]
+    assert [r.adapter for r in engine.calls] == ["A", "B"]  # routed to each role's own adapter
+    assert list(g.graph.edges) == [(0, 1)]
+    assert g.outputs == {"answer": "checked"}
+
+
+def test_program_without_predictors_is_rejected(fake_engine):
+    class Empty(dspy.Module):
+        def forward(self, question):
+            return question
+
+    with pytest.raises(ValueError, match="no predictors"):
+        roles(Empty())
+    with pytest.raises(ValueError, match="no predictors"):
+        run_rollouts(Empty(), [{"question": "?"}], fake_engine(["x"]))
+    with pytest.raises(TypeError, match="dspy.Module"):
+        roles(lambda question: question)
+
+
+def test_run_rollouts_groups_by_example_in_input_order(fake_engine):
+    engine = fake_engine(lambda r: r.messages[-1]["content"].upper())
+    out = run_rollouts(Single(QA), [{"question": "a"}, {"question": "b"}], engine, repeats=3)
+    assert [[g.outputs["answer"] for g in gs] for gs in out] == [["A"] * 3, ["B"] * 3]
+    assert all(g.example == {"question": q} for q, gs in zip("ab", out) for g in gs)

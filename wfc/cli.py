@@ -1,0 +1,226 @@
+"""The ``wfc`` command line: one function pair per subcommand (``_<name>_args`` adds its options, ``cmd_<name>``
+runs it), registered in ``COMMANDS``. To add a subcommand, write the pair and add one line to ``COMMANDS``.
+
+Subcommands:
+- ``wfc inspect PROGRAM``: run a few traced rollouts of a program and print its calls and role graph.
+- ``wfc compile``, ``wfc run``, ``wfc plan``: not yet available (stubs; see TODOs).
+
+Exit codes: 0 success; 2 a user mistake (unknown model, bad import spec, program without predictors, bad option),
+reported as one line ``wfc: error: ...`` on stderr with no traceback (``--debug`` re-raises it instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+# A few questions for `inspect` when no task registry (wfc.tasks.get_task) is installed.
+BUILTIN_QUESTIONS = (
+    ("Tom has 12 apples. He buys 7 more. How many apples does Tom have now?", "19"),
+    ("Mia has 20 marbles. She gives 8 to Sam. How many marbles does Mia have now?", "12"),
+    ("Leo has 6 books. Then the number of books he has doubles. How many books does Leo have now?", "12"),
+)
+
+
+class UsageError(ValueError):
+    """A mistake on the command line that ``main`` reports in one line with exit code 2."""
+
+
+# ----- wfc inspect --------------------------------------------------------------------------------------------------
+def _inspect_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("program", metavar="PROGRAM",
+                   help="import spec of the program: 'path/to/file.py:name' or 'package.module:name'; the object "
+                        "is a dspy.Module or a zero-argument callable returning one")
+    p.add_argument("--model", default="tiny", help="model name (tiny, smollm2-135m) or a local model dir [tiny]")
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="inference engine [hf]")
+    p.add_argument("--task", default="arithmetic", help="task whose validation examples to run on [arithmetic]")
+    p.add_argument("--n", type=_positive_int, default=3, help="number of rollouts, one per example [3]")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of every role [0.7]")
+    p.add_argument("--max-tokens", type=_positive_int, default=64, help="completion token limit per call [64]")
+    p.add_argument("--dot", metavar="FILE", help="write the role graph as Graphviz DOT")
+    p.add_argument("--mermaid", metavar="FILE", help="write the role graph as a Mermaid flowchart")
+    p.add_argument("--json", metavar="FILE", help="write the role graph and every rollout graph as JSON")
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from wfc.engines import make_engine
+    from wfc.engines.base import SamplingParams
+    from wfc.imports import load_program
+    from wfc.lower import run_rollouts
+    from wfc.rolegraph import RoleGraph
+
+    if args.temperature < 0:
+        raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
+    program = load_program(args.program)  # before the model loads: a bad spec fails in a second, not ten
+    examples = task_examples(args.task, args.n)
+    _quiet_libraries(debug=args.debug)
+    engine = make_engine(args.engine, args.model)
+    try:
+        sampling = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
+        graphs = [g for gs in run_rollouts(program, examples, engine, sampling=sampling) for g in gs]
+    finally:
+        engine.close()
+    for i, g in enumerate(graphs):
+        print(format_rollout(i, g))
+        print()
+    role_graph = RoleGraph.from_rollouts(graphs)
+    print(role_graph.table())
+    if args.dot:
+        _write(args.dot, role_graph.to_dot())
+    if args.mermaid:
+        _write(args.mermaid, role_graph.to_mermaid())
+    if args.json:
+        payload = {"program": args.program, "model": args.model, "task": args.task,
+                   "role_graph": role_graph.to_dict(), "rollouts": [g.to_dict() for g in graphs]}
+        _write(args.json, json.dumps(payload, indent=2, default=str))
+    return 0
+
+
+def task_examples(task: str, n: int) -> list:
+    """``n`` examples of ``task``'s validation set (its test set for evaluation-only tasks), cycled when it has
+    fewer. Uses ``wfc.tasks.get_task`` when installed, else (``arithmetic`` only) a few built-in questions."""
+    import dspy
+
+    try:
+        from wfc.tasks import get_task
+    except ImportError:
+        get_task = None
+    if get_task is not None:
+        try:
+            found = get_task(task)
+        except KeyError as exc:
+            raise UsageError(f"unknown task {task!r}: {exc}") from exc
+        # evaluation-only tasks (svamp, humaneval) have no valset: inspect on their test problems
+        pool = list(found.valset if found.valset is not None else (getattr(found, "testset", None) or []))
+    elif task == "arithmetic":
+        pool = [dspy.Example(question=q, answer=a).with_inputs("question") for q, a in BUILTIN_QUESTIONS]
+    else:
+        raise UsageError(f"task {task!r} needs the task registry (wfc.tasks.get_task), which this install lacks; "
+                         "use --task arithmetic")
+    if not pool:
+        raise UsageError(f"task {task!r} has no examples to inspect on")
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+def format_rollout(index: int, graph) -> str:
+    """A rollout as text: a header with status and inputs, one line per call, then outputs or the error."""
+    inputs = ", ".join(f"{k}: {_short(v, 70)}" for k, v in graph.example.items())
+    lines = [f"rollout {index} [{graph.status}] {inputs}"]
+    width = max((len(f"{c.role}[{c.invocation}]") for c in graph.calls), default=0)
+    for c in graph.calls:
+        who = f"{c.role}[{c.invocation}]".ljust(width)
+        tokens = f"{len(c.prompt_ids)}+{len(c.completion_ids)} tok"
+        detail = _short(c.text, 60) if c.status != "crash" else _short(c.error or "", 60)
+        lines.append(f"  #{c.id:<3} {who}  {c.status:<12} {tokens:>12}  {detail}")
+    if graph.outputs is not None:
+        lines.append("  -> " + ", ".join(f"{k}={_short(v, 50)}" for k, v in graph.outputs.items()))
+    if graph.error:
+        lines.append(f"  error: {_short(graph.error, 200)}")
+    return "\n".join(lines)
+
+
+# ----- stubs --------------------------------------------------------------------------------------------------------
+def _stub_args(p: argparse.ArgumentParser) -> None:
+    # TODO(compilers owner): replace with this subcommand's real options.
+    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    # TODO(compilers owner): compile a program with a compiler (mmGRPO, ...) and export an artifact.
+    raise SystemExit("wfc compile: not yet available")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    # TODO(compilers owner): run a compiled artifact on inputs.
+    raise SystemExit("wfc run: not yet available")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    # TODO(compilers owner): print the training plan (groups, budgets) a compile would follow.
+    raise SystemExit("wfc plan: not yet available")
+
+
+# name -> (help, add-arguments, run). One line per subcommand.
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "inspect": ("run a few traced rollouts and print the program's role graph", _inspect_args, cmd_inspect),
+    "compile": ("train a program's roles (not yet available)", _stub_args, cmd_compile),
+    "run": ("run a compiled artifact (not yet available)", _stub_args, cmd_run),
+    "plan": ("show what a compile would do (not yet available)", _stub_args, cmd_plan),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="wfc", description="Compile multi-agent LLM workflow programs.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and library logs")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help_text, add_args, run) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_args(p)
+        p.set_defaults(func=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``wfc`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return args.func(args) or 0
+    except (ValueError, TypeError, ImportError, OSError) as exc:  # user mistakes; ModelNotFoundError is a ValueError
+        if args.debug:
+            raise
+        print(f"wfc: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("wfc: interrupted", file=sys.stderr)
+        return 130
+
+
+# ----- helpers ------------------------------------------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _short(value: Any, width: int) -> str:
+    text = " ".join(str(value).split())
+    return repr(text if len(text) <= width else text[: width - 3] + "...")
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _write(path: str, text: str) -> None:
+    Path(path).write_text(text)
+    print(f"wrote {path}")
+
+
+def _quiet_libraries(*, debug: bool) -> None:
+    """Keep the printed rollouts readable: no per-call truncation warnings from DSPy, no load progress bars."""
+    if debug:
+        return
+    logging.getLogger("dspy").setLevel(logging.ERROR)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
