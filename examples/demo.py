@@ -22,6 +22,7 @@ from wfc.tasks.math import math_metric
 
 logging.getLogger("dspy").setLevel(logging.ERROR)
 
+MAX_TOKENS = 16  # a direct answer is ~6 tokens; longer rambles mostly end on a wrong number
 SIGNATURE = dspy.Signature("question -> answer", "Solve the math word problem. Give the final answer as a number.")
 
 
@@ -30,22 +31,22 @@ def program() -> Voting:
 
 
 def main() -> None:
-    steps = int(os.environ.get("WFC_DEMO_STEPS", "16"))
+    steps = int(os.environ.get("WFC_DEMO_STEPS", "12"))
     train = make_arithmetic(400, seed=1, steps=1, max_operand=20)
     val = make_arithmetic(40, seed=2, steps=1, max_operand=20)
     test = make_arithmetic(100, seed=3, steps=1, max_operand=20)
     t0 = time.time()
     engine = HFEngine("smollm2-135m")
     prog = program()
-    base = evaluate(prog, test, engine, metric=math_metric, adapters={}, max_tokens=24)
+    base = evaluate(prog, test, engine, metric=math_metric, adapters={}, max_tokens=MAX_TOKENS)
     print(RoleGraph.from_rollouts(base["graphs"]).table())
     print(f"baseline accuracy on {base['n']} held-out problems: {base['accuracy']:.3f}")
     compiled = MMGRPO(
-        math_metric, steps=steps, examples_per_step=4, group_size=6, max_tokens=24, temperature=1.0,
-        learning_rate=3e-4, eval_every=4, advantage="dr_grpo", loss_aggregation="token",
+        math_metric, steps=steps, examples_per_step=4, group_size=8, max_tokens=MAX_TOKENS, temperature=0.8,
+        learning_rate=3e-4, eval_every=6, advantage="dr_grpo", loss_aggregation="token",
     ).compile(prog, trainset=train, valset=val, engine=engine, backend="shared", run_dir="runs/demo",
               program_import_path="examples/demo.py:program")
-    after = evaluate(compiled.program, test, engine, metric=math_metric, adapters=compiled.roles, max_tokens=24)
+    after = evaluate(compiled.program, test, engine, metric=math_metric, adapters=compiled.roles, max_tokens=MAX_TOKENS)
     print(f"compiled accuracy on {after['n']} held-out problems: {after['accuracy']:.3f} "
           f"(baseline {base['accuracy']:.3f}; best step {compiled.manifest.best_step})")
     path = compiled.save("artifacts/math-voting")

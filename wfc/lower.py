@@ -131,7 +131,9 @@ class RoleEngine:
         usage = Usage(input_tokens=len(gen.prompt_ids), output_tokens=len(gen.completion_ids),
                       total_tokens=len(gen.prompt_ids) + len(gen.completion_ids))
         return Response(id=None, model=f"wfc/{self.role}", message=Message.assistant([TextPart(gen.text)]),
-                        finish_reason="length" if gen.finish_reason == "length" else "stop", usage=usage)
+                        # truncation is routine in RL rollouts and is kept on the node (finish_reason); telling
+                        # DSPy would only log a warning per call
+                        finish_reason="stop", usage=usage)
 
     def stream(self, request):
         from dspy.lm15 import response_to_events

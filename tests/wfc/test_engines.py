@@ -54,14 +54,14 @@ def test_mixed_adapter_batch_matches_each_adapter_alone():
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            for name in ("a", "b"):
+            for name in ("one", "two"):
                 engine.add_adapter(name, LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
                                                     init_lora_weights=False))
-        assert engine.adapters == ["a", "b"]
+        assert engine.adapters == ["one", "two"]
         with pytest.raises(ValueError, match="already exists"):
-            engine.add_adapter("a", LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
-        wanted = [None, "a", "b", "a"]
-        alone = {name: engine.generate([request(name)])[0] for name in (None, "a", "b")}
+            engine.add_adapter("one", LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+        wanted = [None, "one", "two", "one"]
+        alone = {name: engine.generate([request(name)])[0] for name in (None, "one", "two")}
         calls_before = engine.stats["generate_calls"]
         mixed = engine.generate([request(name) for name in wanted])
         assert engine.stats["generate_calls"] == calls_before + 1  # one generate call for the mixed batch
@@ -70,8 +70,8 @@ def test_mixed_adapter_batch_matches_each_adapter_alone():
             assert row.text == alone[name].text
             assert row.logprobs == pytest.approx(alone[name].logprobs, abs=1e-4)
         # the check means something only if the adapters change the model
-        assert alone["a"].logprobs != pytest.approx(alone[None].logprobs, abs=1e-3)
-        assert alone["a"].logprobs != pytest.approx(alone["b"].logprobs, abs=1e-3)
+        assert alone["one"].logprobs != pytest.approx(alone[None].logprobs, abs=1e-3)
+        assert alone["one"].logprobs != pytest.approx(alone["two"].logprobs, abs=1e-3)
         with pytest.raises(ValueError, match="unknown adapter"):
             engine.generate([request("nope")])
     finally:

@@ -1,0 +1,78 @@
+"""Grouping per (example, role path, invocation) on hand-built rollouts: modes and failure handling."""
+
+import pytest
+
+from compilers.group import build_groups, call_reward
+from wfc.rollout import CallNode, RolloutGraph
+
+
+def call(i, role, inv, status="ok", text="x"):
+    return CallNode(id=i, role=role, invocation=inv, messages=[{"role": "user", "content": "q"}], text=text,
+                    completion_ids=[1, 2], prompt_ids=[5], logprobs=[0.0, 0.0], status=status,
+                    outputs={"answer": text} if status == "ok" else None, started=2 * i + 1, finished=2 * i + 2)
+
+
+def rollout(calls, reward, status="ok"):
+    g = RolloutGraph(calls, example={"question": "q"}, outputs={"answer": "a"}, status=status)
+    g.reward = reward
+    return g
+
+
+def worker_rollouts():
+    # example 0: three rollouts; role `worker` called 1, 3 and 2 times; `synth` once each.
+    r0 = rollout([call(0, "worker", 0), call(1, "synth", 0)], 1.0)
+    r1 = rollout([call(0, "worker", 0), call(1, "worker", 1), call(2, "worker", 2), call(3, "synth", 0)], 0.0)
+    r2 = rollout([call(0, "worker", 0), call(1, "worker", 1), call(2, "synth", 0)], 0.5)
+    return [[r0, r1, r2]]
+
+
+def sizes(groups, role):
+    return [len(g.members) for g in groups if g.role == role]
+
+
+def test_modes_on_variable_call_counts():
+    # worker calls per rollout: 1, 3, 2
+    assert sizes(build_groups(worker_rollouts(), mode="truncate"), "worker") == [3]
+    assert sizes(build_groups(worker_rollouts(), mode="ragged"), "worker") == [3, 2, 1]
+    filled = build_groups(worker_rollouts(), mode="fill")
+    assert sizes(filled, "worker") == [3, 3, 3]
+    # invocation 2 in fill mode: r0 repeats its only call, r2 repeats its second call
+    g2 = [g for g in filled if g.role == "worker" and g.invocation == 2][0]
+    assert [m.repeated for m in g2.members] == [True, False, True]
+    assert g2.rewards == [1.0, 0.0, 0.5]
+    assert sizes(filled, "synth") == [3]
+
+
+def test_groups_keyed_by_role_path_and_invocation():
+    groups = build_groups(worker_rollouts(), mode="ragged")
+    keys = [(g.example, g.role, g.invocation) for g in groups]
+    assert keys == [(0, "worker", 0), (0, "worker", 1), (0, "worker", 2), (0, "synth", 0)]
+    assert all(g.advantages is None for g in groups)  # not scored yet is None, not zeros
+
+
+def test_format_error_call_stays_with_format_failure_score():
+    r0 = rollout([call(0, "voter", 0, status="format_error", text="garbage"), call(1, "voter", 1)], 1.0)
+    r1 = rollout([call(0, "voter", 0), call(1, "voter", 1)], 0.0)
+    groups = build_groups([[r0, r1]], mode="ragged", failure_score=0.0, format_failure_score=-0.5)
+    g0 = groups[0]
+    assert g0.rewards == [-0.5, 0.0]
+    assert g0.members[0].call.text == "garbage"
+
+
+def test_crashed_rollout_keeps_calls_with_failure_score():
+    crashed = rollout([call(0, "gen", 0), call(1, "eval", 0, status="crash")], None, status="crash")
+    ok = rollout([call(0, "gen", 0), call(1, "eval", 0)], 1.0)
+    groups = build_groups([[crashed, ok]], failure_score=-0.1, format_failure_score=-0.5)
+    assert [g.rewards for g in groups] == [[-0.1, 1.0], [-0.1, 1.0]]
+
+
+def test_unscored_rollout_and_bad_mode_are_errors():
+    with pytest.raises(ValueError, match="score every rollout"):
+        build_groups([[rollout([call(0, "a", 0)], None)]])
+    with pytest.raises(ValueError, match="truncate"):
+        build_groups(worker_rollouts(), mode="bogus")
+
+
+def test_call_reward_inherits_rollout_reward():
+    g = rollout([call(0, "a", 0)], 0.75)
+    assert call_reward(g, g.calls[0], failure_score=0.0, format_failure_score=-1.0) == 0.75

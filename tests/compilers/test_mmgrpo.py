@@ -1,0 +1,147 @@
+"""mmGRPO on the tiny real model: real adapter updates, base untouched, artifact round trip, bad input."""
+
+import json
+import shutil
+
+import dspy
+import pytest
+import torch
+from pydantic import ValidationError
+
+import wfc
+from compilers import MMGRPO, MMGRPOConfig
+from compilers.score import MetricError
+from programs import Voting
+from wfc.artifact import ArtifactError
+from wfc.engines.hf import HFEngine
+
+SIG = dspy.Signature("question -> answer", "Answer the question.")
+TRAIN = [dspy.Example(question=f"What is {a} plus {b}?", answer=str(a + b)).with_inputs("question")
+         for a in range(4) for b in range(3)]
+
+
+def length_metric(example, prediction, trace=None):
+    """A real, deterministic reward with spread across samples: prefers answers of some lengths."""
+    return (len(str(prediction.answer)) % 4) / 3.0
+
+
+def small(**kw):
+    cfg = dict(steps=2, examples_per_step=2, group_size=3, max_tokens=6, eval_every=1, learning_rate=5e-3, keep="last",
+               lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]})
+    cfg.update(kw)
+    return cfg
+
+
+@pytest.fixture
+def engine(tiny_handle):
+    from wfc.models import load_model
+
+    eng = HFEngine(load_model("tiny"), batch_wait_s=0.02)
+    yield eng
+    eng.close()
+
+
+def test_compile_trains_adapter_and_leaves_base_and_program_untouched(engine, tmp_path):
+    base = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    program = Voting(SIG, n=2)
+    before = json.dumps(program.dump_state(), sort_keys=True, default=str)
+    compiled = MMGRPO(length_metric, **small()).compile(program, trainset=TRAIN, valset=TRAIN[:3], engine=engine,
+                                                        run_dir=tmp_path / "run", progress=False)
+    trained = {k: v for k, v in engine.model.named_parameters() if "lora_B" in k}
+    assert trained and any(v.abs().sum() > 0 for v in trained.values()), "LoRA B starts at 0: training must move it"
+    for name, p in engine.model.get_base_model().named_parameters():
+        if "lora_" in name:
+            continue
+        key = name.replace(".base_layer", "")
+        assert torch.equal(p.detach(), base[key]), f"base weight {key} changed"
+    assert json.dumps(program.dump_state(), sort_keys=True, default=str) == before
+    assert all(getattr(p, "lm", None) is None for _, p in program.named_predictors())
+    steps = [r for r in compiled.manifest.history if r["kind"] == "step"]
+    assert len(steps) == 2 and all("voter" in r["roles"] for r in steps)
+    assert (tmp_path / "run" / "metrics.jsonl").exists() and (tmp_path / "run" / "curves.png").exists()
+    assert set(compiled.revisions) == {0, 1, 2}
+
+
+def test_save_load_gives_identical_greedy_outputs(engine, tmp_path):
+    compiled = MMGRPO(length_metric, **small(steps=1)).compile(
+        Voting(SIG, n=2), trainset=TRAIN, valset=TRAIN[:2], engine=engine, run_dir=tmp_path / "run", progress=False)
+    path = compiled.save(tmp_path / "art")
+    assert (path / "adapters" / "shared" / "adapter_model.safetensors").exists()
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["format_version"] == 1 and manifest["roles"] == {"voter": "shared", "aggregator": "shared"}
+    questions = ["What is 2 plus 2?", "What is 3 plus 1?"]
+    expected = [compiled(question=q).answer for q in questions]
+    loaded = wfc.load(path, model="tiny")
+    try:
+        assert [loaded(question=q).answer for q in questions] == expected
+        a = loaded.engine.model.state_dict()
+        b = engine.model.state_dict()
+        for k in a:
+            if "lora_" in k and ".shared." in k:
+                assert torch.equal(a[k], b[k])
+    finally:
+        loaded.engine.close()
+
+
+def test_artifact_bad_loads(engine, tmp_path):
+    compiled = MMGRPO(length_metric, **small(steps=1, eval_every=0)).compile(
+        Voting(SIG, n=2), trainset=TRAIN, engine=engine, run_dir=tmp_path / "run", progress=False)
+    path = compiled.save(tmp_path / "art")
+    bad = tmp_path / "bad"
+    shutil.copytree(path, bad)
+    m = json.loads((bad / "manifest.json").read_text())
+    m["base_model_checksum"] = "0" * 64
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match="trained on base"):
+        wfc.load(bad, engine=engine)
+    m["format_version"] = 99
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ArtifactError, match="upgrade wfc"):
+        wfc.load(bad, engine=engine)
+    missing = tmp_path / "missing"
+    shutil.copytree(path, missing)
+    shutil.rmtree(missing / "adapters" / "shared")
+    with pytest.raises(ArtifactError, match="missing"):
+        wfc.load(missing, engine=engine)
+    with pytest.raises(ArtifactError, match="not a wfc artifact"):
+        wfc.load(tmp_path)
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ValidationError, match="group_size"):
+        MMGRPOConfig(group_size=1)
+    with pytest.raises(ValidationError, match="format_failure_score"):
+        MMGRPOConfig(failure_score=0.0, format_failure_score=0.5)
+    with pytest.raises(ValidationError, match="advantage"):
+        MMGRPOConfig(advantage="ppo")
+    with pytest.raises(ValidationError, match="stepz"):
+        MMGRPOConfig(stepz=3)
+
+
+def test_metric_failures(engine, tmp_path):
+    def broken(example, prediction, trace=None):
+        raise RuntimeError("boom")
+
+    with pytest.raises(MetricError, match="What is"):
+        MMGRPO(broken, **small(steps=1, eval_every=0)).compile(
+            Voting(SIG, n=2), trainset=TRAIN, engine=engine, run_dir=tmp_path / "a", progress=False)
+
+
+def test_metric_failure_score_opt_in(engine, tmp_path):
+    def nan_metric(example, prediction, trace=None):
+        return float("nan")
+
+    compiled = MMGRPO(nan_metric, **small(steps=1, eval_every=0, metric_failure_score=0.0)).compile(
+        Voting(SIG, n=2), trainset=TRAIN, engine=engine, run_dir=tmp_path / "b", progress=False)
+    assert compiled.manifest.history[-1]["kind"] == "step"
+
+
+def test_bad_compile_inputs(engine):
+    with pytest.raises(ValueError, match="trainset is empty"):
+        MMGRPO(length_metric).compile(Voting(SIG), trainset=[], engine=engine)
+    with pytest.raises(TypeError, match="dspy.Example"):
+        MMGRPO(length_metric).compile(Voting(SIG), trainset=[{"question": "q"}], engine=engine)
+    with pytest.raises(ValueError, match="no predictors"):
+        MMGRPO(length_metric).compile(dspy.Module(), trainset=TRAIN, engine=engine)
+    with pytest.raises(TypeError, match="metric must be callable"):
+        MMGRPO("accuracy")

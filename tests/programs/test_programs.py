@@ -1,0 +1,138 @@
+"""The four topologies on a scripted engine: their roles, how often each role is called, and their data flow.
+
+Each role is scripted by its instructions (the system message); specific instructions come before the task's own
+("Solve the arithmetic problem."), which every derived role repeats.
+"""
+
+from __future__ import annotations
+
+import dspy
+import pytest
+
+from programs import TOPOLOGIES, EvalOpt, OrchWorkers, Single, Voting
+from programs.eval_opt import accepted
+from wfc.lower import roles, trace
+from wfc.rolegraph import RoleGraph
+
+QA = dspy.Signature("question -> answer", "Solve the arithmetic problem.")
+CODE = dspy.Signature("prompt -> code", "Write the Python function.")
+EXAMPLE = {"question": "What is 2 + 3?"}
+
+EVALUATOR = "Check the proposed solution"
+OPTIMIZER = "A reviewer found a problem"
+AGGREGATOR = "Several solvers proposed answers"
+
+
+def calls_per_role(graph) -> dict[str, int]:
+    return {role: len(graph.calls_of(role)) for role in graph.roles}
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("single", ["solver"]),
+    ("voting", ["voter", "aggregator"]),
+    ("evalopt", ["generator", "evaluator", "optimizer"]),
+    ("orchworkers", ["orchestrator", "worker", "synthesizer"]),
+])
+def test_declared_roles(name, expected):
+    assert list(roles(TOPOLOGIES[name](QA))) == expected
+
+
+def test_single(fake_engine):
+    g = trace(Single(QA), EXAMPLE, fake_engine(by_system={"Solve": "5"}))
+    assert g.status == "ok" and calls_per_role(g) == {"solver": 1} and g.outputs == {"answer": "5"}
+
+
+def test_voting_voters_are_one_role_feeding_the_aggregator(fake_engine):
+    votes = iter(["5", "5", "6"])
+    engine = fake_engine(by_system={AGGREGATOR: "5", "Solve": lambda r: next(votes)})
+    g = trace(Voting(QA, n=3), EXAMPLE, engine)
+    assert g.status == "ok" and g.roles == ["voter", "aggregator"]
+    assert [c.invocation for c in g.calls_of("voter")] == [0, 1, 2]
+    assert sorted(c.text for c in g.calls_of("voter")) == ["5", "5", "6"]
+    (aggregator,) = g.calls_of("aggregator")
+    assert "1. " in aggregator.messages[-1]["content"] and "6" in aggregator.messages[-1]["content"]
+    assert sorted(g.graph.predecessors(aggregator.id)) == [c.id for c in g.calls_of("voter")]
+    assert g.outputs == {"answer": "5"}
+
+
+def test_voting_leaves_a_failed_voter_out_of_the_vote(fake_engine):
+    votes = iter(["5", "not a number", "7"])
+
+    def voter(request):
+        answer = next(votes)
+        if answer == "not a number":
+            raise RuntimeError("voter engine down")
+        return answer
+
+    g = trace(Voting(QA, n=3), EXAMPLE, fake_engine(by_system={AGGREGATOR: "5", "Solve": voter}))
+    statuses = sorted(c.status for c in g.calls_of("voter"))
+    assert statuses == ["crash", "ok", "ok"]
+    (aggregator,) = g.calls_of("aggregator")
+    assert "2. " in aggregator.messages[-1]["content"] and "3. " not in aggregator.messages[-1]["content"]
+    assert g.status == "crash"  # the tracer marks a rollout with a crashed call, even one the program swallowed
+
+
+@pytest.mark.parametrize("verdicts, expected", [
+    (["correct"], {"generator": 1, "evaluator": 1}),
+    (["incorrect: off by one", "Correct."], {"generator": 1, "evaluator": 2, "optimizer": 1}),
+    (["incorrect", "incorrect"], {"generator": 1, "evaluator": 2, "optimizer": 2}),
+])
+def test_evalopt_stops_when_the_evaluator_accepts(verdicts, expected, fake_engine):
+    queue = iter(verdicts)
+    revisions = iter(["6", "7"])
+    engine = fake_engine(by_system={EVALUATOR: lambda r: next(queue), OPTIMIZER: lambda r: next(revisions),
+                                    "Solve": "4"})
+    g = trace(EvalOpt(QA, rounds=2), EXAMPLE, engine)
+    assert g.status == "ok" and calls_per_role(g) == expected
+    final = {1: "4", 2: "6", 3: "7"}[1 + expected.get("optimizer", 0)]  # the last revision is the answer
+    assert g.outputs == {"answer": final}
+
+
+def test_evalopt_roles_are_called_a_variable_number_of_times(fake_engine):
+    graphs = []
+    for verdicts in (["correct"], ["no", "correct"], ["no", "no"]):
+        queue = iter(verdicts)
+        engine = fake_engine(by_system={EVALUATOR: lambda r: next(queue), OPTIMIZER: "5", "Solve": "4"})
+        graphs.append(trace(EvalOpt(QA, rounds=2), EXAMPLE, engine))
+    rg = RoleGraph.from_rollouts(graphs)
+    assert rg.role_names == ["generator", "evaluator", "optimizer"]
+    assert (rg.stats("evaluator").calls_min, rg.stats("evaluator").calls_max) == (1, 2)
+    assert (rg.stats("optimizer").calls_min, rg.stats("optimizer").calls_max) == (0, 2)
+    assert rg.edge("generator", "evaluator") and rg.edge("evaluator", "optimizer")
+
+
+def test_evalopt_rounds_zero_is_the_generator_alone(fake_engine):
+    g = trace(EvalOpt(QA, rounds=0), EXAMPLE, fake_engine(by_system={"Solve": "4"}))
+    assert calls_per_role(g) == {"generator": 1}
+
+
+@pytest.mark.parametrize("verdict, ok", [("correct", True), ("Correct, well done", True), ("yes", True),
+                                         ("incorrect", False), ("not correct", False), ("", False)])
+def test_accepted(verdict, ok):
+    assert accepted(verdict) is ok
+
+
+@pytest.mark.parametrize("plan, workers", [("one\ntwo", 2), ("- a\n- b\n- c\n- d\n- e", 3), ("", 1)])
+def test_orchworkers_one_worker_call_per_subtask(plan, workers, fake_engine):
+    engine = fake_engine(by_system={"Break the task": plan, "Solve this one subtask": "r", "Use the results": "5"})
+    g = trace(OrchWorkers(QA, max_subtasks=3), EXAMPLE, engine)
+    assert g.status == "ok" and calls_per_role(g) == {"orchestrator": 1, "worker": workers, "synthesizer": 1}
+    if plan == "":
+        assert "Solve the whole task." in g.calls_of("worker")[0].messages[-1]["content"]
+
+
+def test_topologies_keep_the_task_field_names(fake_engine):
+    """One topology serves code (prompt -> code) as well as math: derived roles keep the task's fields."""
+    program = EvalOpt(CODE, rounds=1)
+    assert list(program.evaluator.signature.input_fields) == ["prompt", "code"]
+    assert list(program.optimizer.signature.input_fields) == ["prompt", "previous_code", "feedback"]
+    engine = fake_engine(by_system={EVALUATOR: "correct", "Write the Python function": "def f(): pass"})
+    g = trace(program, {"prompt": "Write f."}, engine)
+    assert g.outputs == {"code": "def f(): pass"}
+
+
+@pytest.mark.parametrize("make", [lambda: Voting(QA, n=0), lambda: EvalOpt(QA, rounds=-1),
+                                  lambda: OrchWorkers(QA, max_subtasks=0)])
+def test_bad_parameters_are_value_errors(make):
+    with pytest.raises(ValueError):
+        make()
