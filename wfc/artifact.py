@@ -224,3 +224,28 @@ def load(path: str | os.PathLike, *, engine=None, model: str | None = None) -> C
     for adapter in sorted({a for a in manifest.roles.values() if a is not None}):
         engine.load_adapter(adapter, str(path / "adapters" / adapter))
     return CompiledProgram(program, engine, manifest)
+
+
+def rollback(path: str | os.PathLike, *, step: int) -> Manifest:
+    """Make ``adapters/`` hold the stored revision of ``step`` (byte-identical weights). Atomic: the artifact is
+    rewritten in a temporary sibling and renamed into place."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    source = path / "revisions" / str(step)
+    if step not in manifest.revisions or not source.is_dir():
+        raise ArtifactError(f"{path} has no revision for step {step}; stored revisions: {manifest.revisions}")
+    tmp = _atomic_dir(path)
+    try:
+        shutil.rmtree(tmp)
+        shutil.copytree(path, tmp)
+        shutil.rmtree(tmp / "adapters")
+        shutil.copytree(source, tmp / "adapters")
+        event = {"kind": "rollback", "to_step": step, "from_step": manifest.revision_step,
+                 "at": _dt.datetime.now(_dt.timezone.utc).isoformat()}
+        manifest = manifest.model_copy(update={"revision_step": step, "events": [*manifest.events, event]})
+        (tmp / "manifest.json").write_text(manifest.model_dump_json(indent=2))
+        _commit_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest

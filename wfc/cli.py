@@ -3,7 +3,10 @@ runs it), registered in ``COMMANDS``. To add a subcommand, write the pair and ad
 
 Subcommands:
 - ``wfc inspect PROGRAM``: run a few traced rollouts of a program and print its calls and role graph.
-- ``wfc compile``, ``wfc run``, ``wfc plan``: not yet available (stubs; see TODOs).
+- ``wfc compile PROGRAM --task T --out DIR``: train with mmGRPO and save an artifact.
+- ``wfc run DIR --input field=value``: run an artifact.
+- ``wfc plan PROGRAM``: the backend decision and its reasons, without training.
+- ``wfc rollback DIR --step N``: restore an earlier evaluated adapter revision.
 
 Exit codes: 0 success; 2 a user mistake (unknown model, bad import spec, program without predictors, bad option),
 reported as one line ``wfc: error: ...`` on stderr with no traceback (``--debug`` re-raises it instead).
@@ -123,33 +126,187 @@ def format_rollout(index: int, graph) -> str:
     return "\n".join(lines)
 
 
-# ----- stubs --------------------------------------------------------------------------------------------------------
-def _stub_args(p: argparse.ArgumentParser) -> None:
-    # TODO(compilers owner): replace with this subcommand's real options.
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+# ----- wfc compile --------------------------------------------------------------------------------------------------
+def _compile_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("program", metavar="PROGRAM", help="import spec of the program (see `wfc inspect -h`)")
+    p.add_argument("--task", default="arithmetic", help="task giving trainset, valset and metric [arithmetic]")
+    p.add_argument("--train", help="JSONL file of training examples (overrides the task's trainset)")
+    p.add_argument("--val", help="JSONL file of validation examples (overrides the task's valset)")
+    p.add_argument("--inputs", default=None, help="comma-separated input field names for --train/--val "
+                                                   "[the task signature's inputs]")
+    p.add_argument("--metric", help="import spec of a metric function (overrides the task's metric)")
+    p.add_argument("--val-size", type=_positive_int, default=None, help="use only the first N validation examples")
+    p.add_argument("--config", help="JSON file with MMGRPOConfig fields; flags below override it")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override one config field (JSON value), e.g. --set group_size=8 --set lora.r=8")
+    for flag, field in (("--steps", "steps"), ("--group-size", "group_size"),
+                        ("--examples-per-step", "examples_per_step"), ("--max-tokens", "max_tokens"),
+                        ("--eval-every", "eval_every")):
+        p.add_argument(flag, dest=field, type=int, default=None)
+    for flag, field in (("--lr", "learning_rate"), ("--temperature", "temperature")):
+        p.add_argument(flag, dest=field, type=float, default=None)
+    p.add_argument("--model", default="smollm2-135m", help="base model [smollm2-135m]")
+    p.add_argument("--backend", default="shared",
+                   help="shared | isolated | auto | JSON dict role -> adapter group [shared]")
+    p.add_argument("--out", required=True, help="artifact directory to write")
+    p.add_argument("--run-dir", default=None, help="where metrics.jsonl and curves go [runs/<time>]")
+
+
+def _read_jsonl(path: str, inputs: list[str]) -> list:
+    import dspy
+
+    examples = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{path}:{n}: not JSON ({exc})") from None
+        missing = [k for k in inputs if k not in row]
+        if missing:
+            raise UsageError(f"{path}:{n}: missing input field(s) {missing}; pass --inputs to name them")
+        examples.append(dspy.Example(**row).with_inputs(*inputs))
+    if not examples:
+        raise UsageError(f"{path} holds no examples")
+    return examples
+
+
+def _config_overrides(args: argparse.Namespace) -> dict:
+    cfg: dict[str, Any] = {}
+    if args.config:
+        cfg = json.loads(Path(args.config).read_text())
+    for item in args.set:
+        if "=" not in item:
+            raise UsageError(f"--set expects FIELD=VALUE, got {item!r}")
+        key, raw = item.split("=", 1)
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        target = cfg
+        *parents, leaf = key.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[leaf] = value
+    for field in ("steps", "group_size", "examples_per_step", "max_tokens", "eval_every", "learning_rate",
+                  "temperature"):
+        if getattr(args, field, None) is not None:
+            cfg[field] = getattr(args, field)
+    return cfg
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    # TODO(compilers owner): compile a program with a compiler (mmGRPO, ...) and export an artifact.
-    raise SystemExit("wfc compile: not yet available")
+    _quiet_libraries(debug=args.debug)
+    from pydantic import ValidationError
+
+    from compilers import MMGRPO, MMGRPOConfig
+    from wfc.imports import load_object, load_program
+    from wfc.tasks import get_task
+
+    program = load_program(args.program)
+    task = get_task(args.task)
+    inputs = args.inputs.split(",") if args.inputs else list(task.signature.input_fields)
+    trainset = _read_jsonl(args.train, inputs) if args.train else task.trainset
+    valset = _read_jsonl(args.val, inputs) if args.val else (task.valset or [])
+    if args.val_size:
+        valset = valset[: args.val_size]
+    metric = load_object(args.metric) if args.metric else task.metric
+    try:
+        config = MMGRPOConfig(**_config_overrides(args))
+    except ValidationError as exc:
+        raise UsageError(f"bad config: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
+    backend = args.backend
+    if backend.startswith("{"):
+        backend = json.loads(backend)
+    compiled = MMGRPO(metric, config=config).compile(program, trainset=trainset, valset=valset, model=args.model,
+                                                     backend=backend, run_dir=args.run_dir,
+                                                     program_import_path=args.program)
+    path = compiled.save(args.out)
+    evals = [r for r in compiled.manifest.history if r["kind"] == "eval"]
+    if evals:
+        print(f"validation accuracy: {evals[0]['val_accuracy']:.3f} (step 0) -> "
+              f"{max(r['val_accuracy'] for r in evals):.3f} (best, step {compiled.manifest.best_step})")
+    print(f"wrote artifact {path}")
+    return 0
+
+
+# ----- wfc run ------------------------------------------------------------------------------------------------------
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("artifact", metavar="DIR", help="artifact directory written by compile")
+    p.add_argument("--input", action="append", default=[], metavar="FIELD=VALUE", help="one program input")
+    p.add_argument("--model", default=None, help="where to load the base model from [the manifest's]")
+    p.add_argument("--trace", action="store_true", help="also print the rollout graph of the run")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    # TODO(compilers owner): run a compiled artifact on inputs.
-    raise SystemExit("wfc run: not yet available")
+    _quiet_libraries(debug=args.debug)
+    import wfc
+
+    inputs = {}
+    for item in args.input:
+        if "=" not in item:
+            raise UsageError(f"--input expects FIELD=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        inputs[key] = value
+    if not inputs:
+        raise UsageError("give the program's inputs with --input FIELD=VALUE")
+    compiled = wfc.load(args.artifact, model=args.model)
+    graph = compiled.trace(inputs)
+    if graph.status != "ok":
+        raise UsageError(f"the run ended with {graph.status}: {graph.error}")
+    for key, value in (graph.outputs or {}).items():
+        print(f"{key}: {value}")
+    if args.trace:
+        print(format_rollout(0, graph))
+    return 0
+
+
+# ----- wfc plan -----------------------------------------------------------------------------------------------------
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("program", metavar="PROGRAM", help="import spec of the program")
+    p.add_argument("--model", default="tiny", help="model to trace with [tiny]")
+    p.add_argument("--task", default="arithmetic", help="task whose examples to trace [arithmetic]")
+    p.add_argument("--n", type=_positive_int, default=4, help="examples to trace [4]")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    # TODO(compilers owner): print the training plan (groups, budgets) a compile would follow.
-    raise SystemExit("wfc plan: not yet available")
+    _quiet_libraries(debug=args.debug)
+    from compilers.auto import plan
+    from wfc.engines import make_engine
+    from wfc.imports import load_program
+
+    program = load_program(args.program)
+    engine = make_engine("hf", args.model)
+    try:
+        decision = plan(program, task_examples(args.task, args.n), engine)
+    finally:
+        engine.close()
+    print(decision.describe())
+    return 0
+
+
+# ----- wfc rollback -------------------------------------------------------------------------------------------------
+def _rollback_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("artifact", metavar="DIR", help="artifact directory")
+    p.add_argument("--step", type=int, required=True, help="evaluated revision to restore (see manifest.revisions)")
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from wfc.artifact import rollback
+
+    manifest = rollback(args.artifact, step=args.step)
+    print(f"{args.artifact}: adapters now hold the revision of step {manifest.revision_step}")
+    return 0
 
 
 # name -> (help, add-arguments, run). One line per subcommand.
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "inspect": ("run a few traced rollouts and print the program's role graph", _inspect_args, cmd_inspect),
-    "compile": ("train a program's roles (not yet available)", _stub_args, cmd_compile),
-    "run": ("run a compiled artifact (not yet available)", _stub_args, cmd_run),
-    "plan": ("show what a compile would do (not yet available)", _stub_args, cmd_plan),
+    "compile": ("train a program's roles with mmGRPO and save an artifact", _compile_args, cmd_compile),
+    "run": ("run a compiled artifact on inputs", _run_args, cmd_run),
+    "plan": ("show the backend decision (shared / isolated / grouped) without training", _plan_args, cmd_plan),
+    "rollback": ("restore an artifact's adapters to an earlier evaluated revision", _rollback_args, cmd_rollback),
 }
 
 

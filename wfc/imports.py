@@ -100,7 +100,8 @@ def load_program(spec: str):
     obj = load_object(spec)
     if not isinstance(obj, dspy.Module):
         if not callable(obj):
-            raise LoadError(f"{spec} is of type {type(obj).__name__}, not a dspy.Module or a zero-argument factory of one")
+            raise LoadError(f"{spec} is of type {type(obj).__name__}, not a dspy.Module or a zero-argument "
+                            "factory of one")
         try:
             obj = obj()
         except TypeError as exc:

@@ -121,12 +121,15 @@ class RoleEngine:
             node.prompt_ids, node.completion_ids, node.logprobs = gen.prompt_ids, gen.completion_ids, gen.logprobs
             node.text, node.finish_reason = gen.text, gen.finish_reason
             adapter = dspy.settings.adapter or CompactChatAdapter()
-            try:
-                node.outputs = adapter.parse(self.signature, gen.text)
-            except AdapterParseError as exc:
-                node.status, node.error = "format_error", str(exc)[:500]
-            except Exception as exc:  # a parser bug is still this call's format failure, never a lost call
-                node.status, node.error = "format_error", f"{type(exc).__name__}: {exc}"
+            if not gen.text:  # DSPy rejects an empty response before parsing: so does the graph
+                node.status, node.error = "format_error", "empty completion"
+            else:
+                try:
+                    node.outputs = adapter.parse(self.signature, gen.text)
+                except AdapterParseError as exc:
+                    node.status, node.error = "format_error", str(exc)[:500]
+                except Exception as exc:  # a parser bug is still this call's format failure, never a lost call
+                    node.status, node.error = "format_error", f"{type(exc).__name__}: {exc}"
             node.finished = self.recorder.tick()
         usage = Usage(input_tokens=len(gen.prompt_ids), output_tokens=len(gen.completion_ids),
                       total_tokens=len(gen.prompt_ids) + len(gen.completion_ids))

@@ -226,5 +226,8 @@ def _mermaid_text(text: str) -> str:
 
 def _grid(head: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+
+    def fmt(row: list[str]) -> str:  # first column left-aligned, numbers right-aligned
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+
     return "\n".join([fmt(head), "  ".join("-" * w for w in widths), *map(fmt, rows)])

@@ -10,8 +10,6 @@ import textwrap
 import networkx as nx
 import pytest
 
-from wfc.cli import main
-from wfc.imports import LoadError, load_object, load_program
 from wfc.rolegraph import RoleGraph
 from wfc.rollout import CallNode, RolloutGraph
 
@@ -155,81 +153,3 @@ def test_to_networkx(rg):
     assert g.graph["num_rollouts"] == 2
 
 
-# ----- wfc inspect: the role graph as the CLI prints it ---------------------------------------------------------------
-PROGRAM_FILE = """
-import dspy
-from programs import Voting
-
-SIG = dspy.Signature("question -> answer", "Solve the arithmetic word problem.")
-program = Voting(SIG, n=2)
-
-def make():
-    return Voting(SIG, n=2)
-
-class NoRoles(dspy.Module):
-    def forward(self, question):
-        return question
-
-empty = NoRoles()
-number = 3
-"""
-
-
-@pytest.fixture
-def program_file(tmp_path):
-    path = tmp_path / "my_prog.py"
-    path.write_text(textwrap.dedent(PROGRAM_FILE))
-    return path
-
-
-def test_load_object_and_program(program_file):
-    import dspy
-
-    assert load_object("wfc.rolegraph:RoleGraph") is RoleGraph
-    assert load_object("wfc.rolegraph:RoleGraph.from_rollouts") == RoleGraph.from_rollouts
-    assert isinstance(load_program(f"{program_file}:program"), dspy.Module)
-    assert list(dict(load_program(f"{program_file}:make").named_predictors())) == ["voter", "aggregator"]
-    for spec, message in [
-        ("no_colon", "needs the form"),
-        (f"{program_file}:missing", "has no attribute 'missing'"),
-        (f"{program_file}:empty", "no predictors"),
-        (f"{program_file}:number", "not a dspy.Module"),
-        ("programs:Voting", "zero-argument"),
-        ("no_such_module_xyz:thing", "no module named"),
-        ("/no/such/file.py:x", "no such Python file"),
-    ]:
-        with pytest.raises(LoadError, match=message):
-            load_program(spec)
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["inspect", "nonsense"], "needs the form"),
-    (["inspect", "{file}:empty"], "no predictors"),
-    (["inspect", "{file}:program", "--model", "no-such-model"], "unknown model 'no-such-model'"),
-])
-def test_inspect_user_errors_exit_2_in_one_line(argv, message, program_file, capsys):
-    assert main([a.replace("{file}", str(program_file)) for a in argv]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("wfc: error: ") and message in err and "Traceback" not in err
-    assert err.count("\n") == 1
-
-
-def test_stub_commands_say_not_yet_available():
-    for name in ("compile", "run", "plan"):
-        with pytest.raises(SystemExit, match="not yet available"):
-            main([name])
-
-
-def test_inspect_on_tiny_prints_rollouts_and_writes_files(program_file, tmp_path, capsys):
-    dot, mmd, js = tmp_path / "g.dot", tmp_path / "g.mmd", tmp_path / "g.json"
-    code = main(["inspect", f"{program_file}:program", "--model", "tiny", "--n", "2", "--max-tokens", "4",
-                 "--dot", str(dot), "--mermaid", str(mmd), "--json", str(js)])
-    assert code == 0
-    out = capsys.readouterr().out
-    assert [ln.split(" [")[0] for ln in out.splitlines() if ln.startswith("rollout ")] == ["rollout 0", "rollout 1"]
-    assert "voter[1]" in out and "aggregator[0]" in out
-    assert "role graph over 2 rollout(s)" in out
-    assert '"voter"' in dot.read_text() and mmd.read_text().startswith("flowchart LR")
-    data = json.loads(js.read_text())
-    assert [r["role"] for r in data["role_graph"]["roles"]] == ["voter", "aggregator"]
-    assert len(data["rollouts"]) == 2 and len(data["rollouts"][0]["calls"]) == 3
