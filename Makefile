@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.wfc-installed
 TORCH  := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch>=2.13.0" || echo "torch==2.13.0")
 export WFC_DATA_DIR ?= $(abspath ../shared/data)
 
-.PHONY: all demo test test-fast install clean
+.PHONY: all demo tour test test-fast install clean
 
 all: test
 
@@ -26,6 +26,9 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
+
+tour: $(STAMP)
+	$(PY) examples/topologies.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -2,28 +2,56 @@
 
 - ``"shared"``: one adapter, ``shared``, for every role.
 - ``"isolated"``: one adapter per role, named after the role path (dots become ``__``: peft module keys cannot
-  hold dots).
-- a dict ``{role path: group name}``: any partition of the roles into adapters (every role must be named).
+  hold dots; if two paths would get one name, the later one gets a ``_2``, ``_3``, ... suffix).
+- a dict ``{role path: group name}``: any partition of the roles into adapters (every role must be named, group
+  names are non-empty strings; the adapter is the group name made peft-safe).
+- ``"auto"``: chosen from traced rollouts before training (``compilers.auto.plan``), which returns a plan of one
+  of the kinds above with its reasons.
 
-Invariant: the role path is the key; adapters are never keyed by signature.
+All adapters live on one resident base model; each has its own optimizer state (``compilers.update``), trains only
+on its roles' groups, and rollouts route every request to its role's adapter inside mixed-adapter batches.
+
+Invariant: the role path is the key; adapters are never keyed by signature (two roles built from one Signature
+class are two roles, and under ``isolated`` two adapters).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 
 @dataclass
 class BackendPlan:
+    """A resolved backend: ``spec`` (what to store and show: ``"shared"``, ``"isolated"`` or a role -> group dict),
+    ``role_adapters`` (role path -> adapter name) and the ``reasons`` for the choice. ``role_graph`` is set by
+    ``compilers.auto.plan`` (the traced statistics the choice rests on)."""
+
     spec: Any
     role_adapters: dict[str, str]
     reasons: list[str] = field(default_factory=list)
+    role_graph: Any = None
 
     @property
     def adapters(self) -> list[str]:
         return list(dict.fromkeys(self.role_adapters.values()))
+
+    @property
+    def kind(self) -> str:
+        return self.spec if isinstance(self.spec, str) else "grouped"
+
+    def describe(self) -> str:
+        """Human-readable decision: kind, role -> adapter table, reasons (and the traced role graph if any)."""
+        width = max(len(r) for r in self.role_adapters) if self.role_adapters else 4
+        lines = [f"backend: {self.kind} ({len(self.adapters)} adapter{'s' if len(self.adapters) != 1 else ''})"]
+        lines += [f"  {role.ljust(width)}  -> {adapter}" for role, adapter in self.role_adapters.items()]
+        if self.reasons:
+            lines.append("reasons:")
+            lines += [f"  - {r}" for r in self.reasons]
+        if self.role_graph is not None:
+            lines += ["", str(self.role_graph)]
+        return "\n".join(lines)
 
 
 def adapter_name(label: str) -> str:
@@ -31,18 +59,56 @@ def adapter_name(label: str) -> str:
     return name if name and not name[0].isdigit() else f"a_{name}"
 
 
+def _shared(role_paths: Sequence[str]) -> BackendPlan:
+    return BackendPlan("shared", {r: "shared" for r in role_paths}, ["backend=shared: one adapter for all roles"])
+
+
+def _isolated(role_paths: Sequence[str]) -> BackendPlan:
+    taken: dict[str, int] = {}
+    out = {}
+    for r in role_paths:
+        name = adapter_name(r)
+        taken[name] = taken.get(name, 0) + 1
+        out[r] = name if taken[name] == 1 else f"{name}_{taken[name]}"
+    return BackendPlan("isolated", out, ["backend=isolated: one adapter per role"])
+
+
+def _grouped(partition: Mapping[str, Any], role_paths: Sequence[str]) -> BackendPlan:
+    missing = [r for r in role_paths if r not in partition]
+    unknown = [r for r in partition if r not in role_paths]
+    if missing or unknown:
+        raise ValueError(f"backend partition must name every role exactly: missing {missing}, unknown {unknown}; "
+                         f"roles are {list(role_paths)}")
+    bad = {r: g for r, g in partition.items() if not isinstance(g, str) or not g.strip()}
+    if bad:
+        raise ValueError(f"backend partition maps roles to group names (non-empty strings); got {bad}. "
+                         "Example: {'solver': 'a', 'judge': 'b', 'reviser': 'a'}")
+    names: dict[str, str] = {}
+    for g in dict.fromkeys(partition[r] for r in role_paths):
+        other = names.setdefault(adapter_name(g), g)
+        if other != g:
+            raise ValueError(f"groups {other!r} and {g!r} would both become adapter {adapter_name(g)!r}; rename one")
+    spec = {r: partition[r] for r in role_paths}
+    return BackendPlan(spec, {r: adapter_name(partition[r]) for r in role_paths},
+                       ["backend=grouped: roles partitioned by the user"])
+
+
+# name -> plan builder. Small registry: a new named backend is one entry.
+BACKENDS: dict[str, Callable[[Sequence[str]], BackendPlan]] = {"shared": _shared, "isolated": _isolated}
+
+
 def resolve_backend(backend: Any, role_paths: Sequence[str]) -> BackendPlan:
-    if backend == "shared":
-        return BackendPlan("shared", {r: "shared" for r in role_paths}, ["backend=shared: one adapter for all roles"])
-    if backend == "isolated":
-        return BackendPlan("isolated", {r: adapter_name(r) for r in role_paths},
-                           ["backend=isolated: one adapter per role"])
+    """The plan for a named backend or a dict partition (``"auto"`` needs traced rollouts: ``compilers.auto``)."""
+    if isinstance(backend, BackendPlan):
+        if set(backend.role_adapters) != set(role_paths):
+            raise ValueError(f"backend plan covers roles {sorted(backend.role_adapters)}, the program has "
+                             f"{sorted(role_paths)}: make the plan for this program")
+        return backend
     if isinstance(backend, Mapping):
-        missing = [r for r in role_paths if r not in backend]
-        unknown = [r for r in backend if r not in role_paths]
-        if missing or unknown:
-            raise ValueError(f"backend partition must name every role exactly: missing {missing}, unknown {unknown}; "
-                             f"roles are {list(role_paths)}")
-        return BackendPlan(dict(backend), {r: adapter_name(str(backend[r])) for r in role_paths},
-                           ["backend=grouped: roles partitioned by the user"])
-    raise ValueError(f"backend must be 'shared', 'isolated' or a dict role -> group, got {backend!r}")
+        return _grouped(backend, role_paths)
+    if isinstance(backend, str) and backend in BACKENDS:
+        return BACKENDS[backend](role_paths)
+    if backend == "auto":
+        raise ValueError("backend='auto' is chosen from traced rollouts: call compilers.auto.plan(program, examples, "
+                         "engine) or pass backend='auto' to MMGRPO.compile")
+    raise ValueError(f"backend must be one of {sorted(BACKENDS) + ['auto']} or a dict role -> group, got {backend!r}")

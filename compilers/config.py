@@ -55,6 +55,25 @@ class MMGRPOConfig(BaseModel):
     max_grad_norm: float = Field(1.0, gt=0.0)
     token_budget: int = Field(4096, ge=64, description="packed tokens per micro-batch (shared-prefix packing)")
     lora: LoraSettings = LoraSettings()
+    # guards (compilers.guards; each on by default where it applies, each visible in the step log)
+    fanout_scaling: bool = Field(True, description="rows of a role called k times on one input in a rollout weigh 1/k")
+    role_balance: bool = Field(True, description="adapters trained by several roles: cap each role's gradient mass")
+    role_share_cap: float | None = Field(
+        None, gt=0.0, le=1.0, description="most of an adapter's gradient mass one role may hold (None: equal shares)")
+    role_clip: bool = Field(True, description="clip each role's gradient before summing roles of one adapter")
+    role_max_grad_norm: dict[str, float] = Field(
+        default_factory=dict, description="role path -> gradient-norm clip of that role (default max_grad_norm)")
+    role_learning_rates: dict[str, float] = Field(
+        default_factory=dict, description="role path -> learning rate (roles sharing an adapter must agree)")
+    cliff_guard: bool = Field(True, description="roll back to the best revision when validation falls off a cliff")
+    cliff_drop: float = Field(0.15, ge=0.0, le=1.0, description="a fall of more than this below the best accuracy")
+    cliff_patience: int = Field(2, ge=1, description="... for this many consecutive evaluations is a cliff")
+    cliff_lr_factor: float = Field(0.5, gt=0.0, le=1.0, description="learning-rate multiplier after a rollback")
+    # backend="auto" (compilers.auto)
+    auto_trace_examples: int = Field(4, ge=1, description="trainset examples traced to choose the backend")
+    auto_trace_repeats: int = Field(2, ge=1, description="rollouts per traced example")
+    auto_dominance: float = Field(
+        1.5, gt=1.0, description="a role is dominant when its completion-token share is >= this x 1/(number of roles)")
     # validation
     eval_every: int = Field(5, ge=0, description="validate every N steps (0: only before and after training)")
     keep: Literal["best", "last"] = "best"
@@ -66,6 +85,10 @@ class MMGRPOConfig(BaseModel):
             raise ValueError(
                 f"format_failure_score ({self.format_failure_score}) must be below failure_score "
                 f"({self.failure_score}): a call that broke the format should score under a crashed rollout")
+        for name in ("role_max_grad_norm", "role_learning_rates"):
+            bad = {k: v for k, v in getattr(self, name).items() if not v > 0}
+            if bad:
+                raise ValueError(f"{name} values must be > 0, got {bad}")
         from compilers.advantages import ADVANTAGES
 
         if self.advantage not in ADVANTAGES:

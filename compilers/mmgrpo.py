@@ -7,7 +7,16 @@ updated adapters in place (no reload). Validation runs before training, every ``
 every evaluated revision is kept, and the artifact holds the best one (or the last, on request).
 
 Backends map roles to adapters (``backends.resolve_backend``): ``shared`` (one adapter for all roles), ``isolated``
-(one per role), or a dict partition.
+(one per role), a dict partition, or ``auto`` (``compilers.auto.plan``: traced before training, with reasons).
+
+Guards (``compilers.guards``; each switchable in the config and logged): fan-out row weights, role-balanced loss in
+multi-role adapters, per-role gradient clipping and learning rates, and cliff rollback: after each validation, a
+cliff (``cliff_patience`` evaluations more than ``cliff_drop`` below the best) restores every adapter that moved since
+the best revision to that revision's exact weights, multiplies its learning rate by ``cliff_lr_factor``, and records
+an event (``metrics.jsonl`` kind ``event``, and ``manifest.events``). Every evaluated revision is still kept.
+
+Log records (``metrics.jsonl``): ``plan`` (backend, role -> adapter, reasons), ``eval``, ``step`` (with per-role
+diagnostics under ``roles`` and the guards in force under ``guards``), ``event``.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from compilers.advantages import group_advantages, no_signal_rate
 from compilers.backends import resolve_backend
 from compilers.config import MMGRPOConfig
 from compilers.group import Group, build_groups
+from compilers.guards import adapter_learning_rates, check_role_keys, cohort_sizes, detect_cliff, fanout_weights
 from compilers.runlog import RunLog
 from compilers.score import score_rollout
 from compilers.update import AdapterOptimizers, update
@@ -52,6 +62,7 @@ def evaluate(program: dspy.Module, examples: Sequence, engine, *, metric: Callab
 
 
 def _role_stats(graphs: list[RolloutGraph], groups: list[Group]) -> dict[str, dict[str, float]]:
+    """Per role: calls, tokens, token share, reward mean/spread, no-signal group rate, format-error rate, entropy."""
     out: dict[str, dict[str, float]] = {}
     calls = [c for g in graphs for c in g.calls]
     total_tokens = sum(len(c.completion_ids) for c in calls) or 1
@@ -72,6 +83,28 @@ def _role_stats(graphs: list[RolloutGraph], groups: list[Group]) -> dict[str, di
             "entropy": -statistics.fmean(sampled) if sampled else 0.0,
         }
     return out
+
+
+def _add_guard_stats(per_role: dict[str, dict[str, Any]], groups: list[Group], weights: Mapping[tuple, float],
+                     upd: dict[str, dict[str, Any]], role_adapters: Mapping[str, str], optimizers) -> None:
+    """Adds per role: adapter, lr, fan_out (largest cohort), fanout_weight (mean row weight), grad_norm (the role's
+    own gradient contribution, before its clip), grad_clipped, adapter_grad_norm (the summed gradient of its adapter),
+    mass_share / mass_share_raw (share of its adapter's gradient mass after / before role balancing),
+    balance_weight."""
+    fan = cohort_sizes(groups)
+    for role, adapter in role_adapters.items():
+        if role not in per_role:
+            continue
+        mine = [weights.get((g.example, g.role, g.invocation, m.rollout), 1.0)
+                for g in groups if g.role == role for m in g.members]
+        st = upd.get(adapter, {}).get("roles", {}).get(role, {})
+        per_role[role].update(
+            adapter=adapter, lr=optimizers.lr(adapter), fan_out=fan.get(role, 1),
+            fanout_weight=statistics.fmean(mine) if mine else 1.0,
+            grad_norm=st.get("grad_norm", 0.0), grad_clipped=st.get("clipped", False),
+            adapter_grad_norm=upd.get(adapter, {}).get("grad_norm", 0.0),
+            mass_share=st.get("mass_share", 0.0), mass_share_raw=st.get("mass_share_raw", 0.0),
+            balance_weight=st.get("balance_weight", 1.0))
 
 
 class MMGRPO:
@@ -104,17 +137,34 @@ class MMGRPO:
             from wfc.engines.hf import HFEngine
 
             engine = HFEngine(model)
-        plan = resolve_backend(backend, list(role_map))
-        role_adapters = plan.role_adapters
+        check_role_keys("role_learning_rates", cfg.role_learning_rates, list(role_map))
+        check_role_keys("role_max_grad_norm", cfg.role_max_grad_norm, list(role_map))
         torch.manual_seed(cfg.seed)  # HF sampling draws from torch's global generator; seed it for reproducibility
+        if isinstance(backend, str) and backend == "auto":
+            from compilers.auto import plan as auto_plan
+
+            plan = auto_plan(student, trainset, engine, config=cfg, seed=cfg.seed)
+            if progress:
+                print(plan.describe())
+        else:
+            plan = resolve_backend(backend, list(role_map))
+        role_adapters = plan.role_adapters
+        rates = adapter_learning_rates(role_adapters, cfg.learning_rate, cfg.role_learning_rates)
+        multi_role = any(list(role_adapters.values()).count(a) > 1 for a in plan.adapters)  # balancing applies
         rng = random.Random(cfg.seed)
         for adapter in plan.adapters:
             engine.add_adapter(adapter, cfg.lora.peft_config())
-        optimizers = AdapterOptimizers(engine.model, plan.adapters, lr=cfg.learning_rate)
+        optimizers = AdapterOptimizers(engine.model, plan.adapters, lr=rates)
         run_dir = Path(run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
         log = RunLog(run_dir)
+        log.append({"kind": "plan", "backend": plan.spec, "roles": role_adapters, "reasons": plan.reasons,
+                    "learning_rates": rates})
         revisions: dict[int, dict[str, dict]] = {}
         history: list[dict[str, Any]] = []
+        events: list[dict[str, Any]] = []
+        evals: list[tuple[int, float]] = []
+        last_rollback: int | None = None
+        current = 0  # the revision the adapters hold when no step has run since (a rollback sets it to best_step)
         eval_tokens = cfg.eval_max_tokens or cfg.max_tokens
         sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens)
 
@@ -133,7 +183,29 @@ class MMGRPO:
                       "seconds": round(time.time() - t0, 2)}
             log.append(record)
             history.append(record)
+            evals.append((step, res["accuracy"]))
             return res["accuracy"]
+
+        def guard_cliff(step: int) -> None:
+            nonlocal last_rollback, current
+            cliff = detect_cliff(evals, drop=cfg.cliff_drop, patience=cfg.cliff_patience, after_step=last_rollback)
+            if cliff is None:
+                return
+            best = revisions[cliff.best_step]
+            moved = [a for a in plan.adapters
+                     if any(not torch.equal(v, best[a][k]) for k, v in revisions[step][a].items())]
+            for adapter in moved:
+                restore_adapter(engine.model, adapter, best[adapter])
+                optimizers.scale_lr(adapter, cfg.cliff_lr_factor)
+            event = {"kind": "cliff", "action": "rollback", "step": step, "from_step": step, "to_step": cliff.best_step,
+                     "best_accuracy": cliff.best_accuracy, "fell_at": list(cliff.steps),
+                     "accuracies": list(cliff.accuracies), "drop": cfg.cliff_drop, "patience": cfg.cliff_patience,
+                     "adapters": moved, "lr_factor": cfg.cliff_lr_factor,
+                     "learning_rates": {a: optimizers.lr(a) for a in moved}}
+            log.append({"kind": "event", **{k: v for k, v in event.items() if k != "kind"}, "event": event["kind"]})
+            events.append(event)
+            history.append({"kind": "event", "step": step, "event": event["kind"], "to_step": cliff.best_step})
+            last_rollback, current = step, cliff.best_step
 
         from tqdm.auto import tqdm
 
@@ -158,13 +230,13 @@ class MMGRPO:
                 g.advantages, g.no_signal = ga.advantages, ga.no_signal
                 scored.append(ga)
             t1 = time.time()
-            upd = update(engine, optimizers, groups, role_adapters, config=cfg)
+            weights = fanout_weights(groups) if cfg.fanout_scaling else {}
+            upd = update(engine, optimizers, groups, role_adapters, config=cfg, weights=weights)
+            current = step
             graphs = [g for gs in rollouts for g in gs]
             rewards = [g.reward for g in graphs]
             per_role = _role_stats(graphs, groups)
-            for role, adapter in role_adapters.items():
-                if role in per_role and adapter in upd:
-                    per_role[role]["grad_norm"] = upd[adapter]["grad_norm"]
+            _add_guard_stats(per_role, groups, weights, upd, role_adapters, optimizers)
             record = {
                 "kind": "step", "step": step,
                 "reward_mean": statistics.fmean(rewards),
@@ -177,21 +249,26 @@ class MMGRPO:
                 "groups": len(groups),
                 "adapters": upd,
                 "roles": per_role,
+                "guards": {"fanout_scaling": cfg.fanout_scaling,
+                           "role_balance": cfg.role_balance and multi_role,
+                           "role_share_cap": cfg.role_share_cap, "role_clip": cfg.role_clip,
+                           "cliff_guard": cfg.cliff_guard and bool(valset)},
                 "seconds_rollout": round(t_roll, 2),
                 "seconds_update": round(time.time() - t1, 2),
             }
             log.append(record)
             history.append({k: v for k, v in record.items() if k != "adapters"})
-            if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
-                val = validate(step)
-            elif step == cfg.steps:
+            evaluated = (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps
+            if evaluated:
                 val = validate(step)
             if val is not None and (best_val is None or val > best_val) and step in revisions:
                 best_step, best_val = step, val
+            if evaluated and val is not None and cfg.cliff_guard:
+                guard_cliff(step)
             bar.set_postfix(reward=f"{record['reward_mean']:.2f}", val=f"{val:.2f}" if val is not None else "-",
                             fmt=f"{record['format_error_rate']:.2f}", crash=record["crashes"])
-        last_step = max(revisions)
-        keep_step = best_step if (cfg.keep == "best" and best_val is not None) else last_step
+        # "last": the revision the adapters hold now (after a final rollback, the best one, not the step's own)
+        keep_step = best_step if (cfg.keep == "best" and best_val is not None) else current
         for adapter, state in revisions[keep_step].items():
             restore_adapter(engine.model, adapter, state)
         log.plot()
@@ -208,6 +285,7 @@ class MMGRPO:
             history=history,
             best_step=best_step if best_val is not None else None,
             revision_step=keep_step,
+            events=events,
             sampling={"temperature": 0.0, "max_tokens": eval_tokens},
             package_versions=package_versions(),
         )

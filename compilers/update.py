@@ -12,17 +12,26 @@ aggregated loss is rescaled by its share of the step's tokens (``token``) or row
 Old log-probs are recomputed by the trainer (no engine/trainer numerics mismatch): with ``inner_epochs == 1`` they are
 the detached current ones (ratio 1); with more epochs, a no-grad pass before the first epoch. The reference for KL is
 the same model with the adapter disabled (no second model in memory).
+
+Guards (``compilers.guards``): rows carry a ``weight`` (fan-out scaling, ``1/k``); for an adapter trained by several
+roles, role balancing multiplies each role's rows so no role holds more than its capped share of the gradient mass.
+Backward runs once per role: each role's gradient contribution (its part of the adapter's loss, under the adapter's
+common normalisation, so the parts sum to the whole loss) is measured and, with ``role_clip``, clipped to that role's
+``max_grad_norm`` before the roles are summed; the sum is then clipped to the adapter's ``max_grad_norm``. Both norms
+are in the stats. Cost: one extra gradient buffer per adapter (LoRA-sized) and no extra forward tokens, except that
+rows of different roles with identical prompts are no longer packed together.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from compilers.group import Group
+from compilers.guards import balance_weights, role_mass
 from compilers.loss import policy_loss
 from compilers.packing import packed_length, packed_logprobs, plan_microbatches
 
@@ -37,7 +46,10 @@ class Row:
     weight: float = 1.0
 
 
-def rows_from_groups(groups: Sequence[Group], role_adapters: dict[str, str]) -> list[Row]:
+def rows_from_groups(groups: Sequence[Group], role_adapters: dict[str, str], *,
+                     weights: Mapping[tuple, float] | None = None) -> list[Row]:
+    """One row per member with a completion. ``weights`` (``compilers.guards.fanout_weights``) keyed by
+    ``(example, role, invocation, rollout)``; members absent from it weigh 1."""
     rows = []
     for g in groups:
         if g.advantages is None:
@@ -46,27 +58,37 @@ def rows_from_groups(groups: Sequence[Group], role_adapters: dict[str, str]) -> 
             raise ValueError(f"role {g.role!r} has no adapter; known roles: {sorted(role_adapters)}")
         for m, a in zip(g.members, g.advantages):
             if m.call.completion_ids:
+                w = (weights or {}).get((g.example, g.role, g.invocation, m.rollout), 1.0)
                 rows.append(Row(role_adapters[g.role], g.role, tuple(m.call.prompt_ids), list(m.call.completion_ids),
-                                float(a)))
+                                float(a), w))
     return rows
 
 
 def adapter_parameters(model, adapter: str) -> list[torch.nn.Parameter]:
-    """The LoRA parameters of ``adapter`` (peft names them ``...lora_A.<adapter>.weight``)."""
-    params = [p for n, p in model.named_parameters() if "lora_" in n and f".{adapter}." in n]
+    """The LoRA parameters of ``adapter``: peft names them ``...lora_A.<adapter>.weight``, so the name segment right
+    after a ``lora_*`` segment must be the adapter (a plain substring test would also match an adapter named like a
+    module, e.g. ``mlp``)."""
+    params = []
+    for n, p in model.named_parameters():
+        parts = n.split(".")
+        if any(a.startswith("lora_") and b == adapter for a, b in zip(parts, parts[1:])):
+            params.append(p)
     if not params:
         raise ValueError(f"no LoRA parameters for adapter {adapter!r}")
     return params
 
 
 class AdapterOptimizers:
-    """One AdamW state per adapter: an adapter's update never touches another's moments."""
+    """One AdamW state per adapter: an adapter's update never touches another's moments or learning rate."""
 
     def __init__(self, model, adapters: Sequence[str], *, lr: float | dict[str, float]):
         self.optimizers = {}
         for a in adapters:
             rate = lr[a] if isinstance(lr, dict) else lr
             self.optimizers[a] = torch.optim.AdamW(adapter_parameters(model, a), lr=rate, weight_decay=0.0)
+
+    def lr(self, adapter: str) -> float:
+        return self.optimizers[adapter].param_groups[0]["lr"]
 
     def scale_lr(self, adapter: str, factor: float) -> None:
         for group in self.optimizers[adapter].param_groups:
@@ -91,10 +113,70 @@ def _packs(rows: list[Row]) -> list[tuple[tuple[int, ...], list[int]]]:
     return list(by_prompt.items())
 
 
+@dataclass
+class _Part:
+    """The rows of one role within one adapter's step, packed and planned into micro-batches."""
+
+    rows: list[Row]
+    packs: list[tuple[tuple[int, ...], list[int]]]
+    groups: list[tuple[list[int], list[list[int]]]]
+    plan: list[list[int]]
+    old: dict[int, list[torch.Tensor]]
+
+
+def _part(rows: list[Row], token_budget: int) -> _Part:
+    packs = _packs(rows)
+    groups = [(list(p), [rows[i].completion_ids for i in idx]) for p, idx in packs]
+    return _Part(rows, packs, groups, plan_microbatches([packed_length(g) for g in groups], token_budget), {})
+
+
+def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], total_tokens: int, total_rows: int,
+              max_tokens: int) -> tuple[float, list[float]]:
+    """Backward of one role's part of the adapter's loss (grads accumulate). Returns (loss part, clip fractions)."""
+    loss_sum, clip_fracs = 0.0, []
+    for mb in part.plan:
+        mb_groups = [part.groups[g] for g in mb]
+        lps = packed_logprobs(model, mb_groups, token_budget=1 << 30)
+        flat, flat_old, adv, weights = [], [], [], []
+        for g, group_lps in zip(mb, lps):
+            for j, (i, t) in enumerate(zip(part.packs[g][1], group_lps)):
+                flat.append(t)
+                flat_old.append(part.old[g][j] if part.old else t.detach())
+                adv.append(part.rows[i].advantage)
+                weights.append(weight(part.rows[i]))
+        logprobs, mask = _pad(flat)
+        old_lp, _ = _pad(flat_old)
+        ref = None
+        if config.beta > 0:
+            with torch.no_grad(), model.disable_adapter():
+                ref_lps = packed_logprobs(model, mb_groups, token_budget=1 << 30)
+            ref, _ = _pad([t for group in ref_lps for t in group])
+        loss, st = policy_loss(
+            logprobs, old_lp, torch.tensor(adv), mask, aggregation=config.loss_aggregation,
+            clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high, ref_logprobs=ref, beta=config.beta,
+            weights=torch.tensor(weights), max_tokens=max_tokens if config.loss_aggregation == "constant" else None,
+        )
+        # this micro-batch's share of the adapter's whole step: parts of all roles sum to the adapter's loss
+        share = (int(mask.sum()) / total_tokens) if config.loss_aggregation == "token" else (len(flat) / total_rows)
+        (loss * share).backward()
+        loss_sum += float(loss.detach()) * share
+        clip_fracs.append(st.get("clip_fraction", 0.0))
+    return loss_sum, clip_fracs
+
+
 def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, config,
-                   max_grad_norm: float | None = None, row_weights: dict[str, float] | None = None) -> dict[str, Any]:
-    """One optimizer step of one adapter (already active and trainable) on its rows. Returns diagnostics."""
-    stats: dict[str, Any] = {"rows": len(rows), "trained_rows": 0, "loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0}
+                   max_grad_norm: float | None = None, role_max_grad_norm: Mapping[str, float] | None = None,
+                   row_weights: dict[str, float] | None = None) -> dict[str, Any]:
+    """One optimizer step of one adapter (already active and trainable) on its rows. Returns diagnostics.
+
+    ``row_weights``: role -> multiplier on top of each row's own weight (role balancing). ``role_max_grad_norm``:
+    role -> clip of that role's gradient contribution (roles absent: not clipped alone). ``max_grad_norm``: clip of
+    the summed gradient (default ``config.max_grad_norm``). Stats: ``rows``, ``trained_rows``, ``loss``,
+    ``grad_norm`` (summed, before the final clip), ``clip_fraction``, and ``roles``: role -> ``grad_norm`` (its own
+    contribution, before its clip, last epoch), ``clipped`` (its clip was active), ``rows``, ``trained_rows``.
+    """
+    stats: dict[str, Any] = {"rows": len(rows), "trained_rows": 0, "loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0,
+                             "roles": {}}
     if not rows:
         return stats
     total_tokens = sum(len(r.completion_ids) for r in rows)
@@ -102,47 +184,45 @@ def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, 
     max_tokens = max(len(r.completion_ids) for r in rows)
     live = [r for r in rows if r.advantage != 0.0] if config.beta == 0 else list(rows)
     stats["trained_rows"] = len(live)
+    for r in rows:
+        role = stats["roles"].setdefault(r.role, {"rows": 0, "trained_rows": 0, "grad_norm": 0.0, "clipped": False})
+        role["rows"] += 1
     if not live:
         return stats
-    packs = _packs(live)
-    groups = [(list(p), [live[i].completion_ids for i in idx]) for p, idx in packs]
-    plan = plan_microbatches([packed_length(g) for g in groups], config.token_budget)
-    old: dict[int, list[torch.Tensor]] = {}
+    by_role: dict[str, list[Row]] = {}
+    for r in live:
+        by_role.setdefault(r.role, []).append(r)
+        stats["roles"][r.role]["trained_rows"] += 1
+    parts = {role: _part(rs, config.token_budget) for role, rs in by_role.items()}
     if config.inner_epochs > 1:
         with torch.no_grad():
-            for mb in plan:
-                for g, lps in zip(mb, packed_logprobs(model, [groups[g] for g in mb], token_budget=1 << 30)):
-                    old[g] = [t.detach() for t in lps]
+            for part in parts.values():
+                for mb in part.plan:
+                    for g, lps in zip(mb, packed_logprobs(model, [part.groups[g] for g in mb], token_budget=1 << 30)):
+                        part.old[g] = [t.detach() for t in lps]
+
+    def weight(r: Row) -> float:
+        return r.weight * (row_weights or {}).get(r.role, 1.0)
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    limits = role_max_grad_norm or {}
     clip_fracs, losses, norm = [], [], 0.0
     for _ in range(config.inner_epochs):
-        optimizer.zero_grad(set_to_none=True)
-        for mb in plan:
-            mb_groups = [groups[g] for g in mb]
-            lps = packed_logprobs(model, mb_groups, token_budget=1 << 30)
-            flat, flat_old, adv, weights = [], [], [], []
-            for g, group_lps in zip(mb, lps):
-                for j, (i, t) in enumerate(zip(packs[g][1], group_lps)):
-                    flat.append(t)
-                    flat_old.append(old[g][j] if old else t.detach())
-                    adv.append(live[i].advantage)
-                    weights.append(live[i].weight * (row_weights or {}).get(live[i].role, 1.0))
-            logprobs, mask = _pad(flat)
-            old_lp, _ = _pad(flat_old)
-            ref = None
-            if config.beta > 0:
-                with torch.no_grad(), model.disable_adapter():
-                    ref_lps = packed_logprobs(model, mb_groups, token_budget=1 << 30)
-                ref, _ = _pad([t for group in ref_lps for t in group])
-            loss, st = policy_loss(
-                logprobs, old_lp, torch.tensor(adv), mask, aggregation=config.loss_aggregation,
-                clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high, ref_logprobs=ref, beta=config.beta,
-                weights=torch.tensor(weights), max_tokens=max_tokens if config.loss_aggregation == "constant" else None,
-            )
-            share = (int(mask.sum()) / total_tokens) if config.loss_aggregation == "token" else (len(flat) / total_rows)
-            (loss * share).backward()
-            losses.append(float(loss.detach()) * share)
-            clip_fracs.append(st.get("clip_fraction", 0.0))
-        params = [p for group in optimizer.param_groups for p in group["params"]]
+        summed: list[torch.Tensor | None] = [None] * len(params)
+        for role, part in parts.items():
+            optimizer.zero_grad(set_to_none=True)
+            loss, fracs = _backward(model, part, config=config, weight=weight, total_tokens=total_tokens,
+                                    total_rows=total_rows, max_tokens=max_tokens)
+            losses.append(loss)
+            clip_fracs += fracs
+            limit = limits.get(role, math.inf)
+            role_norm = float(torch.nn.utils.clip_grad_norm_(params, limit))
+            stats["roles"][role].update(grad_norm=role_norm, clipped=bool(role_norm > limit))
+            for k, p in enumerate(params):  # sum the (clipped) role contributions
+                if p.grad is not None:
+                    summed[k] = p.grad if summed[k] is None else summed[k] + p.grad
+        for p, g in zip(params, summed):
+            p.grad = g
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm or config.max_grad_norm))
         if math.isfinite(norm):
             optimizer.step()
@@ -153,15 +233,36 @@ def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, 
 
 
 def update(engine, optimizers: AdapterOptimizers, groups: Sequence[Group], role_adapters: dict[str, str], *,
-           config) -> dict[str, dict[str, Any]]:
-    """One step for every adapter in play. Holds the engine lock: no generation sees a half-updated adapter."""
-    rows = rows_from_groups(groups, role_adapters)
+           config, weights: Mapping[tuple, float] | None = None) -> dict[str, dict[str, Any]]:
+    """One step for every adapter in play; each adapter trains only on its own roles' rows, with its own optimizer.
+
+    ``weights``: fan-out row weights (``compilers.guards.fanout_weights``). With ``config.role_balance``, adapters
+    with rows of several roles are balanced (``compilers.guards.balance_weights``); with ``config.role_clip``, each
+    role's contribution is clipped at ``config.role_max_grad_norm.get(role, config.max_grad_norm)``.
+    Per adapter, the stats add ``roles``: role -> ``mass_share`` (share of the adapter's gradient mass after all
+    weights), ``mass_share_raw`` (before role balancing), ``balance_weight``, and the per-role gradient stats.
+    Holds the engine lock: no generation sees a half-updated adapter.
+    """
+    rows = rows_from_groups(groups, role_adapters, weights=weights)
+    unit = "rows" if config.loss_aggregation == "sequence" else "tokens"
     out = {}
     with engine.lock:
         model = engine.model
         for adapter, optimizer in optimizers.optimizers.items():
             mine = [r for r in rows if r.adapter == adapter]
+            mass = role_mass(mine, unit=unit, beta=config.beta)
+            balance = (balance_weights(mass, cap=config.role_share_cap)
+                       if config.role_balance and sum(m > 0 for m in mass.values()) > 1 else {r: 1.0 for r in mass})
+            limits = ({role: config.role_max_grad_norm.get(role, config.max_grad_norm) for role in mass}
+                      if config.role_clip else {})
             model.set_adapter(adapter)  # only this adapter is active and trainable
-            out[adapter] = update_adapter(model, optimizer, mine, config=config)
+            st = update_adapter(model, optimizer, mine, config=config, role_max_grad_norm=limits, row_weights=balance)
+            total, raw_total = sum(mass[r] * balance[r] for r in mass), sum(mass.values())
+            for role in mass:
+                st["roles"].setdefault(role, {}).update(
+                    mass_share=mass[role] * balance[role] / total if total else 0.0,
+                    mass_share_raw=mass[role] / raw_total if raw_total else 0.0,
+                    balance_weight=balance[role])
+            out[adapter] = st
         model.eval()
     return out

@@ -22,7 +22,7 @@ from wfc.tasks.math import math_metric
 
 logging.getLogger("dspy").setLevel(logging.ERROR)
 
-MAX_TOKENS = 16  # a direct answer is ~6 tokens; longer rambles mostly end on a wrong number
+MAX_TOKENS = 24  # room for "a + b = c"; longer rambles mostly end on a wrong number
 SIGNATURE = dspy.Signature("question -> answer", "Solve the math word problem. Give the final answer as a number.")
 
 
@@ -42,7 +42,7 @@ def main() -> None:
     print(RoleGraph.from_rollouts(base["graphs"]).table())
     print(f"baseline accuracy on {base['n']} held-out problems: {base['accuracy']:.3f}")
     compiled = MMGRPO(
-        math_metric, steps=steps, examples_per_step=4, group_size=8, max_tokens=MAX_TOKENS, temperature=0.8,
+        math_metric, steps=steps, examples_per_step=4, group_size=8, max_tokens=MAX_TOKENS, temperature=0.7,
         learning_rate=3e-4, eval_every=6, advantage="dr_grpo", loss_aggregation="token",
     ).compile(prog, trainset=train, valset=val, engine=engine, backend="shared", run_dir="runs/demo",
               program_import_path="examples/demo.py:program")

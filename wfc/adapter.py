@@ -100,7 +100,8 @@ class CompactChatAdapter(ChatAdapter):
         info = signature.output_fields[field]
         desc = (info.json_schema_extra or {}).get("desc") or field
         hint = desc if desc and not desc.startswith("${") else field.replace("_", " ")
-        system = f"{signature.instructions.strip()}\nReply with only the {hint}."
+        article = "" if hint.lower().startswith(("the ", "a ", "an ")) else "the "
+        system = f"{signature.instructions.strip()}\nReply with only {article}{hint}."
         messages = [{"role": "system", "content": system}]
         for demo in demos or []:
             if field in demo:

@@ -300,12 +300,40 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----- wfc experiment -----------------------------------------------------------------------------------------------
+def _experiment_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workflows", default="evalopt,voting,orchworkers", help="comma-separated [evalopt,voting,orchworkers]")
+    p.add_argument("--backends", default="shared,isolated,auto", help="comma-separated [shared,isolated,auto]")
+    p.add_argument("--tasks", default="arithmetic", help="comma-separated task names [arithmetic]")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds [0]")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--config", help="JSON file with MMGRPOConfig fields shared by every cell")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override one config field")
+    p.add_argument("--val-size", type=_positive_int, default=30)
+    p.add_argument("--out", required=True, help="directory for results.jsonl, results.md, curves.png")
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    _quiet_libraries(debug=args.debug)
+    from compilers.experiment import run_matrix
+
+    for field in ("steps", "group_size", "examples_per_step", "max_tokens", "eval_every", "learning_rate",
+                  "temperature"):
+        setattr(args, field, None)
+    results = run_matrix(workflows=args.workflows.split(","), backends=args.backends.split(","),
+                         tasks=args.tasks.split(","), seeds=[int(s) for s in args.seeds.split(",")],
+                         model=args.model, out_dir=args.out, config=_config_overrides(args), val_size=args.val_size)
+    print(Path(args.out, "results.md").read_text())
+    return 0 if all("error" not in r for r in results) else 1
+
+
 # name -> (help, add-arguments, run). One line per subcommand.
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "inspect": ("run a few traced rollouts and print the program's role graph", _inspect_args, cmd_inspect),
     "compile": ("train a program's roles with mmGRPO and save an artifact", _compile_args, cmd_compile),
     "run": ("run a compiled artifact on inputs", _run_args, cmd_run),
     "plan": ("show the backend decision (shared / isolated / grouped) without training", _plan_args, cmd_plan),
+    "experiment": ("run the workflows x backends x tasks x seeds matrix", _experiment_args, cmd_experiment),
     "rollback": ("restore an artifact's adapters to an earlier evaluated revision", _rollback_args, cmd_rollback),
 }
 
