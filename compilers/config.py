@@ -42,6 +42,7 @@ class MMGRPOConfig(BaseModel):
     format_failure_score: float = Field(-0.5, description="reward of a call whose output failed to parse")
     metric_failure_score: float | None = Field(
         None, description="reward when the metric raises or returns NaN; None makes that an error")
+    credit: str = Field("inherit", description="inherit | own_output (see compilers.credit)")
     # grouping and advantages
     grouping: Literal["truncate", "fill", "ragged"] = "ragged"
     advantage: str = Field("dr_grpo", description="grpo | dr_grpo | rloo | mc_grpo")
@@ -93,4 +94,8 @@ class MMGRPOConfig(BaseModel):
 
         if self.advantage not in ADVANTAGES:
             raise ValueError(f"advantage={self.advantage!r} is unknown: use one of {sorted(ADVANTAGES)}")
+        from compilers.credit import CREDIT
+
+        if self.credit not in CREDIT:
+            raise ValueError(f"credit={self.credit!r} is unknown: use one of {sorted(CREDIT)}")
         return self

@@ -1,7 +1,7 @@
 """Grouping: LM calls of the rollouts of a step -> mmGRPO groups, one per (example, role path, invocation index).
 
 Members of a group come from the ``group_size`` rollouts of one example: the k-th call of role R in each of them.
-Each call inherits its rollout's reward (per-role credit comes later), except:
+Each call inherits its rollout's reward unless a credit rule (``compilers.credit``) gave it its own, except:
 - a call whose output failed to parse scores ``format_failure_score`` (it stays in its group: nothing is dropped);
 - every call of a crashed rollout scores ``failure_score`` (the calls made before the crash are kept).
 
@@ -54,7 +54,7 @@ def call_reward(graph: RolloutGraph, call: CallNode, *, failure_score: float, fo
         raise ValueError("rollout is not scored: score every rollout before grouping")
     if graph.status == "format_error":
         return failure_score
-    return graph.reward
+    return call.reward if call.reward is not None else graph.reward
 
 
 def _truncate(per_rollout: list[list[Member]]) -> list[list[Member]]:

@@ -36,6 +36,7 @@ from compilers.config import MMGRPOConfig
 from compilers.group import Group, build_groups
 from compilers.guards import adapter_learning_rates, check_role_keys, cohort_sizes, detect_cliff, fanout_weights
 from compilers.runlog import RunLog
+from compilers.credit import get_credit
 from compilers.score import score_rollout
 from compilers.update import AdapterOptimizers, update
 from wfc.artifact import CompiledProgram, Manifest, adapter_state, package_versions, restore_adapter
@@ -152,6 +153,7 @@ class MMGRPO:
         rates = adapter_learning_rates(role_adapters, cfg.learning_rate, cfg.role_learning_rates)
         multi_role = any(list(role_adapters.values()).count(a) > 1 for a in plan.adapters)  # balancing applies
         rng = random.Random(cfg.seed)
+        credit = get_credit(cfg.credit)
         for adapter in plan.adapters:
             engine.add_adapter(adapter, cfg.lora.peft_config())
         optimizers = AdapterOptimizers(engine.model, plan.adapters, lr=rates)
@@ -221,6 +223,7 @@ class MMGRPO:
                 for g in graphs:
                     score_rollout(self.metric, g, failure_score=cfg.failure_score,
                                   metric_failure_score=cfg.metric_failure_score)
+                    credit(self.metric, g, metric_failure_score=cfg.metric_failure_score)
             t_roll = time.time() - t0
             groups = build_groups(rollouts, mode=cfg.grouping, failure_score=cfg.failure_score,
                                   format_failure_score=cfg.format_failure_score)

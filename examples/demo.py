@@ -31,9 +31,9 @@ def program() -> Voting:
 
 
 def main() -> None:
-    steps = int(os.environ.get("WFC_DEMO_STEPS", "12"))
+    steps = int(os.environ.get("WFC_DEMO_STEPS", "10"))
     train = make_arithmetic(400, seed=1, steps=1, max_operand=20)
-    val = make_arithmetic(40, seed=2, steps=1, max_operand=20)
+    val = make_arithmetic(30, seed=2, steps=1, max_operand=20)
     test = make_arithmetic(100, seed=3, steps=1, max_operand=20)
     t0 = time.time()
     engine = HFEngine("smollm2-135m")
@@ -43,7 +43,7 @@ def main() -> None:
     print(f"baseline accuracy on {base['n']} held-out problems: {base['accuracy']:.3f}")
     compiled = MMGRPO(
         math_metric, steps=steps, examples_per_step=4, group_size=8, max_tokens=MAX_TOKENS, temperature=0.7,
-        learning_rate=3e-4, eval_every=6, advantage="dr_grpo", loss_aggregation="token",
+        learning_rate=3e-4, eval_every=5, advantage="dr_grpo", loss_aggregation="token", credit="own_output",
     ).compile(prog, trainset=train, valset=val, engine=engine, backend="shared", run_dir="runs/demo",
               program_import_path="examples/demo.py:program")
     after = evaluate(compiled.program, test, engine, metric=math_metric, adapters=compiled.roles, max_tokens=MAX_TOKENS)

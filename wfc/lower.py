@@ -209,7 +209,7 @@ def parallel_map(fn: Callable, items: Iterable, *, max_workers: int | None = Non
 def run_rollouts(program: dspy.Module, examples: list, engine: Engine, *, repeats: int = 1,
                  adapters: RoleAdapters | None = None,
                  sampling: SamplingParams | Mapping[str, SamplingParams] = SamplingParams(),
-                 adapter: dspy.Adapter | None = None, max_workers: int = 64) -> list[list[RolloutGraph]]:
+                 adapter: dspy.Adapter | None = None, max_workers: int = 256) -> list[list[RolloutGraph]]:
     """``repeats`` rollouts of ``program`` per example, all in flight together so the engine batches them.
     Returns one list of graphs per example, in input order."""
     roles(program)  # validate once, before any thread starts

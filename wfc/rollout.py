@@ -43,6 +43,7 @@ class CallNode(BaseModel):
     temperature: float = 0.0
     started: int = 0
     finished: int = 0
+    reward: float | None = None  # per-call credit (compilers.credit); None: inherit the rollout's reward
 
     @property
     def num_tokens(self) -> int:

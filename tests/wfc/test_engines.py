@@ -87,3 +87,20 @@ def test_scripted_engine_records_and_fails_like_an_engine():
         engine.generate([request(messages=({"role": "user", "content": "other"},))])
     with pytest.raises(LookupError, match="ran out"):
         ScriptedEngine([]).generate([request()])
+
+
+def test_shared_prefill_gives_the_same_tokens_as_separate_prefill(tiny_handle):
+    """Duplicate prompts in a batch are prefilled once; greedy results equal the unshared path row by row."""
+    from wfc.engines.base import GenerationRequest, SamplingParams
+    from wfc.engines.hf import HFEngine
+
+    prompts = [({"role": "user", "content": f"What is {10 ** i} plus {'many ' * i}apples?"},) for i in range(3)]
+    sampling = SamplingParams(temperature=0.0, max_tokens=8)
+    requests = [GenerationRequest(messages=prompts[i % 3], sampling=sampling) for i in range(7)]
+    shared, separate = HFEngine(tiny_handle, share_prefill=True), HFEngine(tiny_handle, share_prefill=False)
+    a = shared._generate_batch(requests, sampling)  # direct call: skips the engine's greedy de-duplication
+    b = separate._generate_batch(requests, sampling)
+    assert shared.stats["shared_prefill_rows"] == 4 and "shared_prefill_rows" not in separate.stats
+    for x, y in zip(a, b):
+        assert x.prompt_ids == y.prompt_ids and x.completion_ids == y.completion_ids
+        assert max((abs(p - q) for p, q in zip(x.logprobs, y.logprobs)), default=0.0) < 1e-4

@@ -63,9 +63,10 @@ class HFEngine:
         self,
         model: str | ModelHandle = "smollm2-135m",
         *,
-        max_batch: int = 64,
+        max_batch: int = 256,
         batch_wait_s: float = 0.05,
         default_stop: tuple[str, ...] = (),
+        share_prefill: bool = True,
     ):
         self.handle = model if isinstance(model, ModelHandle) else load_model(model)
         self.tokenizer = self.handle.tokenizer
@@ -73,6 +74,7 @@ class HFEngine:
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
         self.default_stop = tuple(default_stop)
+        self.share_prefill = share_prefill
         self.lock = threading.RLock()
         self.stats = {"generate_calls": 0, "rows": 0, "batch_sizes": []}
         self._queue: queue.Queue = queue.Queue()
@@ -220,6 +222,8 @@ class HFEngine:
             kwargs["adapter_names"] = [a if a is not None else BASE_ADAPTER for a in wanted]
         with self.lock, torch.inference_mode():
             self.model.eval()
+            if self.share_prefill:
+                self._prefill_shared(kwargs, requests)
             out = self.model.generate(**kwargs)
             logprobs = recorder.finish(out)  # (B, R)
         self.stats["generate_calls"] += 1
@@ -242,6 +246,30 @@ class HFEngine:
                 )
             )
         return results
+
+    def _prefill_shared(self, kwargs: dict[str, Any], requests: list[GenerationRequest]) -> None:
+        """Prefill each distinct (prompt, adapter) once and hand generate a cache expanded to every row.
+
+        In GRPO every rollout of an example sends its first role the same prompt (and fan-out roles send it k times
+        more), so a sampled batch is mostly duplicates: prefill is the bulk of CPU generation cost and is paid once
+        per distinct prompt here. Positions follow the attention mask exactly as generate computes them, so the
+        result equals an unshared prefill up to float rounding. No-op when every row is distinct."""
+        ids, mask = kwargs["input_ids"], kwargs["attention_mask"]
+        keys = [(tuple(ids[i].tolist()), r.adapter) for i, r in enumerate(requests)]
+        first: dict = {}
+        index = [first.setdefault(k, len(first)) for k in keys]
+        if len(first) == len(keys) or ids.shape[1] < 2:
+            return
+        rows = [keys.index(k) for k in first]  # one representative row per distinct prompt
+        u_ids, u_mask = ids[rows, :-1], mask[rows, :-1]
+        position_ids = (u_mask.long().cumsum(-1) - 1).clamp(min=0)
+        extra = {"adapter_names": [kwargs["adapter_names"][r] for r in rows]} if "adapter_names" in kwargs else {}
+        out = self.model(input_ids=u_ids, attention_mask=u_mask, position_ids=position_ids, use_cache=True,
+                         logits_to_keep=1, **extra)
+        cache = out.past_key_values
+        cache.batch_select_indices(torch.tensor(index))
+        kwargs["past_key_values"] = cache
+        self.stats["shared_prefill_rows"] = self.stats.get("shared_prefill_rows", 0) + len(keys) - len(first)
 
     def _trim(self, produced: list[int], stop: tuple[str, ...], max_tokens: int) -> tuple[list[int], str]:
         """Cut a generated row at its first EOS (kept) or at the token completing a stop string (kept)."""
