@@ -7,7 +7,8 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.wfc-installed
 # The CPU build of torch on machines without CUDA (this one keeps it on disk); the default build elsewhere.
 TORCH  := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch>=2.13.0" || echo "torch==2.13.0")
-export WFC_DATA_DIR ?= $(abspath ../shared/data)
+# Data for the data-set tests: ../shared/data beside the checkout, else the workplace copy; the tests skip without it.
+export WFC_DATA_DIR ?= $(firstword $(wildcard $(abspath ../shared/data) /work/shared/data))
 
 .PHONY: all demo tour test test-fast install clean
 

@@ -17,7 +17,7 @@ from compilers import MMGRPO, evaluate
 from programs import Voting
 from wfc.engines.hf import HFEngine
 from wfc.rolegraph import RoleGraph
-from wfc.tasks.arithmetic import make_arithmetic
+from wfc.tasks import get_task
 from wfc.tasks.math import math_metric
 
 logging.getLogger("dspy").setLevel(logging.ERROR)
@@ -32,9 +32,9 @@ def program() -> Voting:
 
 def main() -> None:
     steps = int(os.environ.get("WFC_DEMO_STEPS", "10"))
-    train = make_arithmetic(400, seed=1, steps=1, max_operand=20)
-    val = make_arithmetic(30, seed=2, steps=1, max_operand=20)
-    test = make_arithmetic(100, seed=3, steps=1, max_operand=20)
+    # Disjoint splits (no question appears in two of them) of one-step problems with operands up to 20.
+    task = get_task("arithmetic", n_train=400, n_val=30, n_test=100, seed=1, steps=1, max_operand=20)
+    train, val, test = task.trainset, task.valset, task.testset
     t0 = time.time()
     engine = HFEngine("smollm2-135m")
     prog = program()

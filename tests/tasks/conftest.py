@@ -16,6 +16,8 @@ def data_dir() -> Path:
     value = os.environ.get("WFC_DATA_DIR")
     if not value:
         pytest.skip("WFC_DATA_DIR is not set (point it at a folder holding gsm8k/ and svamp/)")
+    if not Path(value).is_dir():
+        pytest.skip(f"WFC_DATA_DIR={value} is not a directory (point it at a folder holding gsm8k/ and svamp/)")
     return Path(value)
 
 
