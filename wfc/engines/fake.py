@@ -6,7 +6,6 @@ test on the tiny real model (see tests/).
 
 from __future__ import annotations
 
-import itertools
 import threading
 from concurrent.futures import Future
 from typing import Callable, Iterable, Mapping
@@ -54,7 +53,6 @@ class ScriptedEngine:
             self._answer = answer
         self.calls: list[GenerationRequest] = []
         self.generate_calls = 0
-        self._ids = itertools.count()
 
     def _one(self, request: GenerationRequest) -> Generation:
         with self._lock:
