@@ -15,7 +15,6 @@ from compilers.score import score_rollout
 from compilers.update import AdapterOptimizers, adapter_parameters, update
 from wfc.artifact import adapter_state
 from wfc.engines.base import GenerationRequest, SamplingParams
-from wfc.engines.hf import HFEngine
 from wfc.lower import run_rollouts
 
 SIG = dspy.Signature("question -> answer", "Answer the question.")
@@ -48,15 +47,6 @@ def small(**kw):
                lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]})
     cfg.update(kw)
     return cfg
-
-
-@pytest.fixture
-def engine(tiny_handle):
-    from wfc.models import load_model
-
-    eng = HFEngine(load_model("tiny"), batch_wait_s=0.02)
-    yield eng
-    eng.close()
 
 
 # ----- resolving -------------------------------------------------------------------------------------------------

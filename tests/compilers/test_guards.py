@@ -16,7 +16,6 @@ from compilers.guards import (
 from compilers.update import Row
 from programs import Voting
 from wfc.artifact import adapter_state, restore_adapter
-from wfc.engines.hf import HFEngine
 from wfc.rollout import CallNode
 
 
@@ -197,15 +196,6 @@ def small(**kw):
                lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]})
     cfg.update(kw)
     return cfg
-
-
-@pytest.fixture
-def engine(tiny_handle):
-    from wfc.models import load_model
-
-    eng = HFEngine(load_model("tiny"), batch_wait_s=0.02)
-    yield eng
-    eng.close()
 
 
 def test_fanout_and_balance_show_in_the_step_log(engine, tmp_path):

@@ -13,7 +13,6 @@ from compilers import MMGRPO, MMGRPOConfig
 from compilers.score import MetricError
 from programs import Voting
 from wfc.artifact import ArtifactError
-from wfc.engines.hf import HFEngine
 
 SIG = dspy.Signature("question -> answer", "Answer the question.")
 TRAIN = [dspy.Example(question=f"What is {a} plus {b}?", answer=str(a + b)).with_inputs("question")
@@ -30,15 +29,6 @@ def small(**kw):
                lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]})
     cfg.update(kw)
     return cfg
-
-
-@pytest.fixture
-def engine(tiny_handle):
-    from wfc.models import load_model
-
-    eng = HFEngine(load_model("tiny"), batch_wait_s=0.02)
-    yield eng
-    eng.close()
 
 
 def test_compile_trains_adapter_and_leaves_base_and_program_untouched(engine, tmp_path):
