@@ -16,10 +16,7 @@ from compilers.update import AdapterOptimizers, adapter_parameters, update
 from wfc.artifact import adapter_state
 from wfc.engines.base import GenerationRequest, SamplingParams
 from wfc.lower import run_rollouts
-
-SIG = dspy.Signature("question -> answer", "Answer the question.")
-TRAIN = [dspy.Example(question=f"What is {a} plus {b}?", answer=str(a + b)).with_inputs("question")
-         for a in range(4) for b in range(3)]
+from tiny_setup import SIG, TRAIN, length_metric, tiny_config
 
 
 class SameSig(dspy.Module):
@@ -38,15 +35,8 @@ class SameSig(dspy.Module):
         return out
 
 
-def length_metric(example, prediction, trace=None):
-    return (len(str(prediction.answer)) % 4) / 3.0
-
-
 def small(**kw):
-    cfg = dict(steps=2, examples_per_step=2, group_size=3, max_tokens=6, eval_every=0, learning_rate=5e-3, keep="last",
-               lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]})
-    cfg.update(kw)
-    return cfg
+    return tiny_config(**{"eval_every": 0, **kw})
 
 
 # ----- resolving -------------------------------------------------------------------------------------------------

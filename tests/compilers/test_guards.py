@@ -3,7 +3,6 @@
 import json
 import math
 
-import dspy
 import pytest
 import torch
 
@@ -17,6 +16,8 @@ from compilers.update import Row
 from programs import Voting
 from wfc.artifact import adapter_state, restore_adapter
 from wfc.rollout import CallNode
+from tiny_setup import SIG, TRAIN, length_metric, tiny_config
+
 
 
 def call(id, role, span, prompt=None, invocation=0):
@@ -182,20 +183,8 @@ def test_detect_cliff_options():
 
 # ----- in the loop, on the tiny model ----------------------------------------------------------------------------
 
-SIG = dspy.Signature("question -> answer", "Answer the question.")
-TRAIN = [dspy.Example(question=f"What is {a} plus {b}?", answer=str(a + b)).with_inputs("question")
-         for a in range(4) for b in range(3)]
-
-
-def length_metric(example, prediction, trace=None):
-    return (len(str(prediction.answer)) % 4) / 3.0
-
-
 def small(**kw):
-    cfg = dict(steps=1, examples_per_step=2, group_size=3, max_tokens=6, eval_every=1, learning_rate=5e-3, keep="best",
-               lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]})
-    cfg.update(kw)
-    return cfg
+    return tiny_config(**{"steps": 1, "keep": "best", **kw})
 
 
 def test_fanout_and_balance_show_in_the_step_log(engine, tmp_path):
