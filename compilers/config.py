@@ -55,6 +55,9 @@ class MMGRPOConfig(BaseModel):
     loss_aggregation: Literal["token", "sequence", "constant"] = "token"
     max_grad_norm: float = Field(1.0, gt=0.0)
     token_budget: int = Field(4096, ge=64, description="packed tokens per micro-batch (shared-prefix packing)")
+    importance_correction: Literal["tis", "none"] = Field(
+        "tis", description="truncated importance weights for engine/trainer log-prob mismatch (compilers.offpolicy)")
+    tis_cap: float = Field(2.0, gt=0.0, description="cap of the truncated importance weights")
     lora: LoraSettings = LoraSettings()
     # guards (compilers.guards; each on by default where it applies, each visible in the step log)
     fanout_scaling: bool = Field(True, description="rows of a role called k times on one input in a rollout weigh 1/k")

@@ -38,6 +38,7 @@ from compilers.guards import adapter_learning_rates, check_role_keys, cohort_siz
 from compilers.runlog import RunLog
 from compilers.credit import get_credit
 from compilers.score import score_rollout
+from compilers.offpolicy import merge_mismatch
 from compilers.update import AdapterOptimizers, update
 from wfc.artifact import CompiledProgram, Manifest, adapter_state, package_versions, restore_adapter
 from wfc.engines.base import SamplingParams
@@ -199,6 +200,7 @@ class MMGRPO:
             for adapter in moved:
                 restore_adapter(engine.model, adapter, best[adapter])
                 optimizers.scale_lr(adapter, cfg.cliff_lr_factor)
+            engine.sync_adapters(moved)
             event = {"kind": "cliff", "action": "rollback", "step": step, "from_step": step, "to_step": cliff.best_step,
                      "best_accuracy": cliff.best_accuracy, "fell_at": list(cliff.steps),
                      "accuracies": list(cliff.accuracies), "drop": cfg.cliff_drop, "patience": cfg.cliff_patience,
@@ -235,6 +237,9 @@ class MMGRPO:
             t1 = time.time()
             weights = fanout_weights(groups) if cfg.fanout_scaling else {}
             upd = update(engine, optimizers, groups, role_adapters, config=cfg, weights=weights)
+            t_sync = time.time()
+            engine.sync_adapters(plan.adapters)  # adapter-only hand-off (a no-op where rollouts share the model)
+            t_sync = time.time() - t_sync
             current = step
             graphs = [g for gs in rollouts for g in gs]
             rewards = [g.reward for g in graphs]
@@ -249,6 +254,8 @@ class MMGRPO:
                 "format_error_rate": (sum(c.status == "format_error" for g in graphs for c in g.calls)
                                       / max(sum(len(g.calls) for g in graphs), 1)),
                 "no_signal_rate": no_signal_rate(scored) if scored else 1.0,
+                "logprob_mismatch": merge_mismatch([u.get("logprob_mismatch", {}) for u in upd.values()]),
+                "importance_correction": cfg.importance_correction,
                 "groups": len(groups),
                 "adapters": upd,
                 "roles": per_role,
@@ -257,7 +264,8 @@ class MMGRPO:
                            "role_share_cap": cfg.role_share_cap, "role_clip": cfg.role_clip,
                            "cliff_guard": cfg.cliff_guard and bool(valset)},
                 "seconds_rollout": round(t_roll, 2),
-                "seconds_update": round(time.time() - t1, 2),
+                "seconds_update": round(time.time() - t1 - t_sync, 2),
+                "seconds_handoff": round(t_sync, 3),
             }
             log.append(record)
             history.append({k: v for k, v in record.items() if k != "adapters"})
@@ -274,6 +282,7 @@ class MMGRPO:
         keep_step = best_step if (cfg.keep == "best" and best_val is not None) else current
         for adapter, state in revisions[keep_step].items():
             restore_adapter(engine.model, adapter, state)
+        engine.sync_adapters(plan.adapters)
         log.plot()
         manifest = Manifest(
             name=getattr(program, "name", "") or type(program).__name__,

@@ -120,8 +120,10 @@ def _check_attention(model: torch.nn.Module) -> None:
         )
 
 
-def _token_logprobs(model: torch.nn.Module, batch: _Batch, *, fast: bool | None = None) -> torch.Tensor:
-    """Log-probs of ``batch.targets`` at ``(rows, cols)``; shape (K,). ``fast=None`` picks by model family."""
+def _token_logprobs(model: torch.nn.Module, batch: _Batch, *, fast: bool | None = None,
+                    temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs of ``batch.targets`` at ``(rows, cols)`` under ``softmax(logits / temperature)``; shape (K,).
+    ``fast=None`` picks by model family."""
     base = _unwrap(model)
     if fast is None:
         fast = getattr(base.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
@@ -131,17 +133,23 @@ def _token_logprobs(model: torch.nn.Module, batch: _Batch, *, fast: bool | None 
         logits = base.get_output_embeddings()(hidden[batch.rows, batch.cols])  # (K, V)
     else:
         logits = model(**inputs, use_cache=False).logits[batch.rows, batch.cols]  # (K, V)
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1)
     return logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
 
 
 def _run(
-    model: torch.nn.Module, batches: list[tuple[list[tuple[int, int]], _Batch]], n_out: list[int], fast: bool | None
+    model: torch.nn.Module, batches: list[tuple[list[tuple[int, int]], _Batch]], n_out: list[int], fast: bool | None,
+    temperature: float = 1.0,
 ) -> list[list[torch.Tensor]]:
     """Run micro-batches (each with its ``(group, completion)`` keys) and scatter results to ``out[g][i]``."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 (the sampling temperature of the rollouts), got {temperature}")
     out: list[list[torch.Tensor | None]] = [[None] * n for n in n_out]
     for keys, batch in batches:
-        flat = _token_logprobs(model, batch, fast=fast)
+        flat = _token_logprobs(model, batch, fast=fast, temperature=temperature)
         for (g, i), piece in zip(keys, torch.split(flat, batch.lengths), strict=True):
             out[g][i] = piece
     return out  # type: ignore[return-value]
@@ -182,9 +190,11 @@ def _naive_batch(seqs: list[tuple[Sequence[int], Sequence[int]]], device) -> _Ba
 
 
 def naive_logprobs(
-    model: torch.nn.Module, groups: Sequence[Group], *, token_budget: int | None = None, fast: bool | None = None
+    model: torch.nn.Module, groups: Sequence[Group], *, token_budget: int | None = None, fast: bool | None = None,
+    temperature: float = 1.0,
 ) -> list[list[torch.Tensor]]:
     """Per-token completion log-probs from one ``prompt + completion`` row per completion (the reference).
+    ``temperature``: log-probs under ``softmax(logits / temperature)``, the distribution the rollouts sampled from.
 
     ``token_budget=None`` runs one micro-batch per group (N rows); an int packs rows of all groups into micro-batches
     of at most that many padded tokens. ``fast`` forces (True) or disables (False) the head-on-needed-positions path.
@@ -200,7 +210,7 @@ def naive_logprobs(
     else:
         plan = plan_microbatches([len(p) + len(c) for _, (p, c) in units], token_budget)
     batches = [([units[u][0] for u in mb], _naive_batch([units[u][1] for u in mb], device)) for mb in plan]
-    return _run(model, batches, [len(c) for _, c in groups], fast)
+    return _run(model, batches, [len(c) for _, c in groups], fast, temperature)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -266,12 +276,13 @@ def packed_logprobs(
     *,
     token_budget: int = DEFAULT_TOKEN_BUDGET,
     fast: bool | None = None,
+    temperature: float = 1.0,
 ) -> list[list[torch.Tensor]]:
     """Per-token completion log-probs with each group packed into one row (see the module doc).
 
     Groups are batched up to ``token_budget`` padded tokens per micro-batch (``rows * max_len``); a group longer
     than the budget runs alone. The result has the structure of :func:`naive_logprobs` and equals it to float
-    rounding. ``fast`` as in :func:`naive_logprobs`.
+    rounding. ``fast`` and ``temperature`` as in :func:`naive_logprobs`.
     """
     _check_groups(groups)
     _check_attention(model)
@@ -282,4 +293,4 @@ def packed_logprobs(
     for mb in plan:
         keys = [(g, i) for g in mb for i in range(len(groups[g][1]))]
         batches.append((keys, _packed_batch([groups[g] for g in mb], device, dtype)))
-    return _run(model, batches, [len(c) for _, c in groups], fast)
+    return _run(model, batches, [len(c) for _, c in groups], fast, temperature)

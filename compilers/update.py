@@ -9,8 +9,10 @@ Packing: rows with identical prompt ids (the voters of one example, the members 
 micro-batch. The step's loss is the configured aggregation over all of the adapter's rows: each micro-batch's
 aggregated loss is rescaled by its share of the step's tokens (``token``) or rows (``sequence``, ``constant``).
 
-Old log-probs are recomputed by the trainer (no engine/trainer numerics mismatch): with ``inner_epochs == 1`` they are
-the detached current ones (ratio 1); with more epochs, a no-grad pass before the first epoch. The reference for KL is
+Old log-probs are recomputed by the trainer, under the rollouts' sampling temperature: with ``inner_epochs == 1`` they
+are the detached current ones (ratio 1); with more epochs, a no-grad pass before the first epoch. Where they differ
+from the engine's sampling log-probs (other kernels, bf16), truncated importance weights correct the policy term
+(``compilers.offpolicy``; ``importance_correction``), and the mismatch is reported per adapter. The reference for KL is
 the same model with the adapter disabled (no second model in memory).
 
 Guards (``compilers.guards``): rows carry a ``weight`` (fan-out scaling, ``1/k``); for an adapter trained by several
@@ -33,6 +35,7 @@ import torch
 from compilers.group import Group
 from compilers.guards import balance_weights, role_mass
 from compilers.loss import policy_loss
+from compilers.offpolicy import merge_mismatch, mismatch_stats, truncated_importance_weights
 from compilers.packing import packed_length, packed_logprobs, plan_microbatches
 
 
@@ -44,6 +47,7 @@ class Row:
     completion_ids: list[int]
     advantage: float
     weight: float = 1.0
+    engine_logprobs: list[float] | None = None  # what the rollout engine reported while sampling (None: unknown)
 
 
 def rows_from_groups(groups: Sequence[Group], role_adapters: dict[str, str], *,
@@ -59,8 +63,9 @@ def rows_from_groups(groups: Sequence[Group], role_adapters: dict[str, str], *,
         for m, a in zip(g.members, g.advantages):
             if m.call.completion_ids:
                 w = (weights or {}).get((g.example, g.role, g.invocation, m.rollout), 1.0)
+                lps = list(m.call.logprobs) if len(m.call.logprobs) == len(m.call.completion_ids) else None
                 rows.append(Row(role_adapters[g.role], g.role, tuple(m.call.prompt_ids), list(m.call.completion_ids),
-                                float(a), w))
+                                float(a), w, lps))
     return rows
 
 
@@ -131,30 +136,45 @@ def _part(rows: list[Row], token_budget: int) -> _Part:
 
 
 def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], total_tokens: int, total_rows: int,
-              max_tokens: int) -> tuple[float, list[float]]:
-    """Backward of one role's part of the adapter's loss (grads accumulate). Returns (loss part, clip fractions)."""
+              max_tokens: int, mismatch: list[dict[str, float]] | None = None) -> tuple[float, list[float]]:
+    """Backward of one role's part of the adapter's loss (grads accumulate). Returns (loss part, clip fractions).
+
+    Log-probs are under the sampling temperature, like the engine's. Rows whose engine log-probs are known get
+    truncated importance weights (``config.importance_correction == "tis"``); the engine/trainer mismatch of each
+    micro-batch is appended to ``mismatch``."""
     loss_sum, clip_fracs = 0.0, []
+    temperature = config.temperature
     for mb in part.plan:
         mb_groups = [part.groups[g] for g in mb]
-        lps = packed_logprobs(model, mb_groups, token_budget=1 << 30)
-        flat, flat_old, adv, weights = [], [], [], []
+        lps = packed_logprobs(model, mb_groups, token_budget=1 << 30, temperature=temperature)
+        flat, flat_old, flat_engine, adv, weights = [], [], [], [], []
         for g, group_lps in zip(mb, lps):
             for j, (i, t) in enumerate(zip(part.packs[g][1], group_lps)):
                 flat.append(t)
-                flat_old.append(part.old[g][j] if part.old else t.detach())
+                old_t = part.old[g][j] if part.old else t.detach()
+                flat_old.append(old_t)
+                engine = part.rows[i].engine_logprobs
+                # unknown engine log-probs: weight 1 (engine == trainer), and the row adds no mismatch
+                flat_engine.append(torch.tensor(engine, dtype=old_t.dtype) if engine is not None else old_t.detach())
                 adv.append(part.rows[i].advantage)
                 weights.append(weight(part.rows[i]))
         logprobs, mask = _pad(flat)
         old_lp, _ = _pad(flat_old)
+        engine_lp, _ = _pad(flat_engine)
+        if mismatch is not None:
+            mismatch.append(mismatch_stats(old_lp, engine_lp, mask, cap=config.tis_cap))
+        iw = (truncated_importance_weights(old_lp, engine_lp, mask, cap=config.tis_cap)
+              if config.importance_correction == "tis" else None)
         ref = None
         if config.beta > 0:
             with torch.no_grad(), model.disable_adapter():
-                ref_lps = packed_logprobs(model, mb_groups, token_budget=1 << 30)
+                ref_lps = packed_logprobs(model, mb_groups, token_budget=1 << 30, temperature=temperature)
             ref, _ = _pad([t for group in ref_lps for t in group])
         loss, st = policy_loss(
             logprobs, old_lp, torch.tensor(adv), mask, aggregation=config.loss_aggregation,
             clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high, ref_logprobs=ref, beta=config.beta,
-            weights=torch.tensor(weights), max_tokens=max_tokens if config.loss_aggregation == "constant" else None,
+            importance_weights=iw, weights=torch.tensor(weights),
+            max_tokens=max_tokens if config.loss_aggregation == "constant" else None,
         )
         # this micro-batch's share of the adapter's whole step: parts of all roles sum to the adapter's loss
         share = (int(mask.sum()) / total_tokens) if config.loss_aggregation == "token" else (len(flat) / total_rows)
@@ -173,9 +193,11 @@ def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, 
     role -> clip of that role's gradient contribution (roles absent: not clipped alone). ``max_grad_norm``: clip of
     the summed gradient (default ``config.max_grad_norm``). Stats: ``rows``, ``trained_rows``, ``loss``,
     ``grad_norm`` (summed, before the final clip), ``clip_fraction``, and ``roles``: role -> ``grad_norm`` (its own
-    contribution, before its clip, last epoch), ``clipped`` (its clip was active), ``rows``, ``trained_rows``.
+    contribution, before its clip, last epoch), ``clipped`` (its clip was active), ``rows``, ``trained_rows``;
+    ``logprob_mismatch``: engine vs trainer log-probs of the trained rows (``compilers.offpolicy.mismatch_stats``).
     """
     stats: dict[str, Any] = {"rows": len(rows), "trained_rows": 0, "loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0,
+                             "logprob_mismatch": merge_mismatch([]),
                              "roles": {}}
     if not rows:
         return stats
@@ -198,7 +220,8 @@ def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, 
         with torch.no_grad():
             for part in parts.values():
                 for mb in part.plan:
-                    for g, lps in zip(mb, packed_logprobs(model, [part.groups[g] for g in mb], token_budget=1 << 30)):
+                    for g, lps in zip(mb, packed_logprobs(model, [part.groups[g] for g in mb], token_budget=1 << 30,
+                                                          temperature=config.temperature)):
                         part.old[g] = [t.detach() for t in lps]
 
     def weight(r: Row) -> float:
@@ -207,12 +230,14 @@ def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, 
     params = [p for group in optimizer.param_groups for p in group["params"]]
     limits = role_max_grad_norm or {}
     clip_fracs, losses, norm = [], [], 0.0
-    for _ in range(config.inner_epochs):
+    mismatch: list[dict[str, float]] = []
+    for epoch in range(config.inner_epochs):
         summed: list[torch.Tensor | None] = [None] * len(params)
         for role, part in parts.items():
             optimizer.zero_grad(set_to_none=True)
             loss, fracs = _backward(model, part, config=config, weight=weight, total_tokens=total_tokens,
-                                    total_rows=total_rows, max_tokens=max_tokens)
+                                    total_rows=total_rows, max_tokens=max_tokens,
+                                    mismatch=mismatch if epoch == 0 else None)
             losses.append(loss)
             clip_fracs += fracs
             limit = limits.get(role, math.inf)
@@ -228,7 +253,7 @@ def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, 
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     stats.update(loss=sum(losses) / config.inner_epochs, grad_norm=norm,
-                 clip_fraction=sum(clip_fracs) / max(len(clip_fracs), 1))
+                 clip_fraction=sum(clip_fracs) / max(len(clip_fracs), 1), logprob_mismatch=merge_mismatch(mismatch))
     return stats
 
 

@@ -7,6 +7,7 @@ Subcommands:
 - ``wfc run DIR --input field=value``: run an artifact.
 - ``wfc plan PROGRAM``: the backend decision and its reasons, without training.
 - ``wfc rollback DIR --step N``: restore an earlier evaluated adapter revision.
+- ``wfc serve DIR``: serve an artifact over HTTP (workflow runs, OpenAI-compatible chat per role).
 
 Exit codes: 0 success; 2 a user mistake (unknown model, bad import spec, program without predictors, bad option),
 reported as one line ``wfc: error: ...`` on stderr with no traceback (``--debug`` re-raises it instead).
@@ -300,6 +301,44 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----- wfc serve ----------------------------------------------------------------------------------------------------
+def _serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("artifact", metavar="DIR", help="artifact directory written by compile")
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="inference engine [hf]")
+    p.add_argument("--model", default=None, help="where to load the base model from [the manifest's]")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1]")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port) [8000]")
+    p.add_argument("--max-tokens-limit", type=_positive_int, default=1024,
+                   help="largest max_tokens a chat request may ask for [1024]")
+    p.add_argument("--max-concurrency", type=_positive_int, default=64, help="workflow runs in flight at once [64]")
+    p.add_argument("--api-key-env", default=None, metavar="NAME",
+                   help="environment variable holding the API key clients send as 'Authorization: Bearer KEY' "
+                        "[WFC_API_KEY; no key when it is unset]")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 0..65535, got {args.port}")
+    name = args.api_key_env or "WFC_API_KEY"
+    api_key = os.environ.get(name) or None
+    if args.api_key_env and api_key is None:
+        raise UsageError(f"--api-key-env {name}: that environment variable is unset or empty; export the key in it")
+    from wfc.artifact import read_manifest
+
+    read_manifest(args.artifact)  # a wrong directory fails first, before any output and before the model loads
+    _quiet_libraries(debug=args.debug)
+    from wfc.serve import serve
+
+    print(f"wfc serve: {'API key from $' + name if api_key else 'no API key: every client is served'}",
+          file=sys.stderr)
+    serve(args.artifact, engine=args.engine, model=args.model, host=args.host, port=args.port, api_key=api_key,
+          max_tokens_limit=args.max_tokens_limit, max_concurrency=args.max_concurrency,
+          log_level="debug" if args.debug else "info")
+    return 0
+
+
 # ----- wfc experiment -----------------------------------------------------------------------------------------------
 def _experiment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workflows", default="evalopt,voting,orchworkers", help="comma-separated [evalopt,voting,orchworkers]")
@@ -335,6 +374,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "plan": ("show the backend decision (shared / isolated / grouped) without training", _plan_args, cmd_plan),
     "experiment": ("run the workflows x backends x tasks x seeds matrix", _experiment_args, cmd_experiment),
     "rollback": ("restore an artifact's adapters to an earlier evaluated revision", _rollback_args, cmd_rollback),
+    "serve": ("serve an artifact over HTTP: workflow runs and OpenAI-compatible chat per role", _serve_args,
+              cmd_serve),
 }
 
 

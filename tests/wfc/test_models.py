@@ -40,7 +40,7 @@ def test_tiny_rebuilds_bit_identical_from_its_seed(tmp_path, monkeypatch, tiny_h
     rng_before = torch.get_rng_state()
     fresh = load_model("tiny")
     assert torch.equal(torch.get_rng_state(), rng_before)
-    assert fresh.path == str(tmp_path / "models" / "tiny")
+    assert fresh.path == str(tmp_path / "models" / f"tiny-v{models.TINY_VERSION}")
     assert _same_weights(fresh.model, tiny_handle.model)
 
 

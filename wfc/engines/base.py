@@ -62,4 +62,9 @@ class Engine(Protocol):
 
     def generate(self, requests: list[GenerationRequest]) -> list[Generation]: ...
 
+    def sync_adapters(self, names) -> None:
+        """The trainer changed these adapters' weights (an update, a rollback): later requests must use them.
+        Engines that share the trainer's model do nothing; engines with their own copy (vLLM) hand the new revision
+        over here, adapter weights only."""
+
     def close(self) -> None: ...

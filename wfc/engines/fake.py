@@ -77,3 +77,6 @@ class ScriptedEngine:
 
     def close(self) -> None:
         pass
+
+    def sync_adapters(self, names) -> None:
+        """No-op: a script has no weights."""

@@ -1,9 +1,8 @@
 """The HF engine: transformers generate + peft multi-LoRA, with request batching across threads.
 
-Requests submitted concurrently (from many rollouts, from the voters of one rollout) are collected by one worker
-thread until no new request arrives for ``batch_wait_s`` (or ``max_batch`` are waiting), then generated together:
-rows with different adapters share one ``generate`` call through peft's ``adapter_names``. Rows are grouped only by
-sampling settings, since one ``generate`` call has one generation config.
+Concurrent requests are batched by :class:`wfc.engines.batching.BatchingEngine`; rows with different adapters share
+one ``generate`` call through peft's ``adapter_names``. Rows are grouped only by sampling settings, since one
+``generate`` call has one generation config.
 
 Adapters live on the one resident base model (``self.model`` becomes a ``PeftModel`` with the first adapter). The
 trainer updates adapter weights in place on this same object, so the next rollouts use them with no reload; it holds
@@ -15,15 +14,13 @@ temperature-scaled distribution (T=1 for greedy requests). No full (B, T, V) log
 
 from __future__ import annotations
 
-import json
-import queue
 import threading
-from concurrent.futures import Future
 from typing import Any
 
 import torch
 
 from wfc.engines.base import Generation, GenerationRequest, SamplingParams
+from wfc.engines.batching import BatchingEngine
 from wfc.models import ModelHandle, load_model
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed batch
@@ -50,14 +47,10 @@ class _LogprobRecorder:
         return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(sequences.shape[0], 0)  # (B, R)
 
 
-def _dedup_key(request: GenerationRequest, sampling: SamplingParams):
-    if not sampling.greedy:
-        return id(request)
-    return (json.dumps(request.messages, sort_keys=True), request.adapter)
-
-
-class HFEngine:
+class HFEngine(BatchingEngine):
     """transformers + peft engine. ``model`` is a name for :func:`wfc.models.load_model` or a loaded handle."""
+
+    engine_name = "hf"
 
     def __init__(
         self,
@@ -68,19 +61,14 @@ class HFEngine:
         default_stop: tuple[str, ...] = (),
         share_prefill: bool = True,
     ):
+        super().__init__(max_batch=max_batch, batch_wait_s=batch_wait_s)
         self.handle = model if isinstance(model, ModelHandle) else load_model(model)
         self.tokenizer = self.handle.tokenizer
         self.model: Any = self.handle.model
-        self.max_batch = max_batch
-        self.batch_wait_s = batch_wait_s
         self.default_stop = tuple(default_stop)
         self.share_prefill = share_prefill
         self.lock = threading.RLock()
         self.stats = {"generate_calls": 0, "rows": 0, "batch_sizes": []}
-        self._queue: queue.Queue = queue.Queue()
-        self._worker: threading.Thread | None = None
-        self._closed = False
-        self._start_lock = threading.Lock()
 
     # ----- adapters -------------------------------------------------------------------------------------------
     @property
@@ -123,66 +111,8 @@ class HFEngine:
             self.model.eval()
 
     # ----- generation -----------------------------------------------------------------------------------------
-    def submit(self, request: GenerationRequest) -> Future:
-        if self._closed:
-            raise RuntimeError("HFEngine is closed")
-        self._ensure_worker()
-        future: Future = Future()
-        self._queue.put((request, future))
-        return future
-
-    def generate(self, requests: list[GenerationRequest]) -> list[Generation]:
-        futures = [self.submit(r) for r in requests]
-        return [f.result() for f in futures]
-
-    def close(self) -> None:
-        self._closed = True
-        if self._worker is not None:
-            self._queue.put(None)
-            self._worker.join(timeout=5)
-            self._worker = None
-
-    def _ensure_worker(self) -> None:
-        with self._start_lock:
-            if self._worker is None or not self._worker.is_alive():
-                self._worker = threading.Thread(target=self._loop, name="wfc-hf-engine", daemon=True)
-                self._worker.start()
-
-    def _loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            batch = [item]
-            # Collect until the callers go quiet: concurrent rollouts submit within milliseconds of each other.
-            while len(batch) < self.max_batch:
-                try:
-                    nxt = self._queue.get(timeout=self.batch_wait_s)
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._queue.put(None)
-                    break
-                batch.append(nxt)
-            by_sampling: dict[SamplingParams, list] = {}
-            for request, future in batch:
-                by_sampling.setdefault(request.sampling, []).append((request, future))
-            for sampling, items in by_sampling.items():
-                # Greedy decoding is a function of (messages, adapter): identical requests are generated once.
-                unique: dict = {}
-                for request, _ in items:
-                    key = _dedup_key(request, sampling)
-                    unique.setdefault(key, request)
-                keys = list(unique)
-                try:
-                    results = self._generate_batch([unique[k] for k in keys], sampling)
-                except BaseException as exc:  # every waiting caller learns of the failure; the worker lives on
-                    for _, future in items:
-                        future.set_exception(exc)
-                    continue
-                by_key = dict(zip(keys, results))
-                for request, future in items:
-                    future.set_result(by_key[_dedup_key(request, sampling)].model_copy(deep=True))
+    def sync_adapters(self, names) -> None:
+        """No-op: rollouts read the trainer's adapters in place (the trainer and this engine share one model)."""
 
     def _render(self, messages) -> str:
         return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)

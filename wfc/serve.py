@@ -1,0 +1,387 @@
+"""Serve: one compiled artifact over HTTP (FastAPI), whole workflows and single roles.
+
+Routes (every one but ``/health`` requires ``Authorization: Bearer <key>`` when the app has an API key):
+
+- ``POST /v1/programs/<name>``: one run of the workflow on ``{"inputs": {...}, "return_graph": false}``; answers
+  the outputs of its final prediction and, when asked, the rollout graph of that run. ``<name>`` is the manifest's.
+- ``POST /v1/chat/completions``: OpenAI-compatible chat on one role. ``model`` is a role path (routed to that role's
+  adapter, as the workflow would), an adapter name, or the base model (no adapter). Unset sampling fields take the
+  artifact's sampling settings (``manifest.sampling``), so a plain request reproduces the role's own calls.
+- ``GET /v1/models``: those model names in OpenAI's list shape. ``GET /v1/programs``: the program and its inputs.
+- ``GET /health``: liveness and what is served.
+
+Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 401 (API key), 404 (unknown
+program or model), 400 (a request the server refuses: ``max_tokens`` above the server's limit, streaming), 422 (a
+body that does not validate, missing or unknown program inputs), 500 (the engine failed, or the run ended in a
+``format_error`` / ``crash``; the body then says which).
+
+Concurrency: the engine batches requests that are in flight together (``HFEngine`` collects its queue), so nothing
+here serialises requests. Chat requests are submitted and awaited as futures (no thread is held while a completion
+is generated); a program run blocks a thread of the app's own pool (``max_concurrency`` runs at once, the rest wait
+their turn) and its role calls reach the engine from there, fan-out included.
+
+Invariants: the app never mutates the artifact or the engine's adapters; a chat completion on a role is the request
+that role's call would make, so greedy answers equal ``engine.generate`` with that adapter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import hmac
+import inspect
+import json
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from wfc.engines.base import GenerationRequest, SamplingParams
+
+DEFAULT_MAX_TOKENS_LIMIT = 1024
+DEFAULT_MAX_CONCURRENCY = 64
+MAX_CHOICES = 16  # ``n`` per chat request; more is a client bug, not a workload
+MAX_STOPS = 4  # OpenAI's own limit on stop strings
+
+
+# ----- request bodies -------------------------------------------------------------------------------------------------
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def as_dict(self) -> dict[str, str]:
+        """The engine's message: text parts joined; OpenAI's ``developer`` role is the chat template's system."""
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class ChatCompletionRequest(BaseModel):
+    """OpenAI's chat request, the fields this server honours. Other OpenAI fields are accepted and ignored, so
+    stock clients work; unset sampling fields take the artifact's sampling settings."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, description="OpenAI's newer name for max_tokens")
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
+    stream: bool = False
+
+    def stops(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return tuple(s for s in stops if s)
+
+
+class ProgramRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: dict[str, Any]
+    return_graph: bool = False
+
+
+# ----- errors ---------------------------------------------------------------------------------------------------------
+class APIError(Exception):
+    """A request the server answers with ``status`` and an OpenAI-shaped error body."""
+
+    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, extra: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+        self.extra = extra or {}
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code},
+                **self.extra}
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        hint = "" if loc else " (send a JSON object with the header Content-Type: application/json)"
+        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}{hint}")
+    return "invalid request: " + "; ".join(parts)
+
+
+# ----- what the artifact exposes --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProgramInputs:
+    """The input fields of a run: ``fields`` in order, of which ``required`` must be given."""
+
+    fields: tuple[str, ...]
+    required: frozenset[str]
+
+    def check(self, given: dict[str, Any]) -> None:
+        missing = [f for f in self.fields if f in self.required and f not in given]
+        unknown = sorted(set(given) - set(self.fields))
+        if missing or unknown:
+            problems = ([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else [])
+            raise APIError(422, f"this program takes input fields {list(self.fields)} (required: "
+                                f"{[f for f in self.fields if f in self.required]}); {', '.join(problems)}",
+                           param="inputs", code="bad_inputs")
+
+
+def program_inputs(program) -> ProgramInputs:
+    """The inputs a run of ``program`` takes: ``forward``'s named parameters when it declares them (those without a
+    default are required); else, for ``forward(**inputs)`` workflows, the input fields every role shares, in the
+    first role's order (a workflow hands its inputs to each role; derived roles add inputs of their own, such as an
+    aggregator's candidates, that the workflow fills in)."""
+    # through the class: dspy warns on any ``module.forward`` access outside ``__call__``; [1:] drops ``self``
+    params = list(inspect.signature(type(program).forward).parameters.values())[1:]
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        return ProgramInputs(tuple(p.name for p in named),
+                             frozenset(p.name for p in named if p.default is inspect.Parameter.empty))
+    signatures = [predictor.signature for _, predictor in program.named_predictors()]
+    if not signatures:
+        raise ValueError(f"{type(program).__name__} has no roles: there is nothing to serve")
+    shared = [f for f in signatures[0].input_fields if all(f in s.input_fields for s in signatures[1:])]
+    fields = tuple(shared or signatures[0].input_fields)
+    return ProgramInputs(fields, frozenset(fields))
+
+
+def model_routes(manifest) -> dict[str, str | None]:
+    """Chat model name -> adapter (``None``: the base model). Role paths first, then adapter names, then the base
+    model: a name that is both a role and an adapter routes as the role does."""
+    routes: dict[str, str | None] = dict(manifest.roles)
+    for adapter in sorted({a for a in manifest.roles.values() if a is not None}):
+        routes.setdefault(adapter, adapter)
+    routes.setdefault(manifest.base_model, None)
+    return routes
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def graph_view(graph) -> dict[str, Any]:
+    """A rollout graph as the program route returns it: per call its role, adapter, status, messages, completion
+    text, parsed outputs and token counts (not the token ids or log-probs), plus the data-flow edges."""
+    calls = [{
+        "id": c.id, "role": c.role, "invocation": c.invocation, "adapter": c.adapter, "status": c.status,
+        "error": c.error, "messages": c.messages, "text": c.text, "outputs": c.outputs,
+        "finish_reason": c.finish_reason, "prompt_tokens": len(c.prompt_ids), "completion_tokens": len(c.completion_ids),
+    } for c in graph.calls]
+    edges = [{"src": a, "dst": b, **data} for a, b, data in graph.graph.edges(data=True)]
+    return _jsonable({"status": graph.status, "error": graph.error, "outputs": graph.outputs, "calls": calls,
+                      "edges": edges})
+
+
+# ----- the app --------------------------------------------------------------------------------------------------------
+def create_app(compiled, *, api_key: str | None = None, max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT,
+               max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> FastAPI:
+    """A FastAPI app serving ``compiled`` (a loaded :class:`wfc.CompiledProgram`) on its own engine.
+
+    ``api_key``: when set, every route but ``/health`` requires ``Authorization: Bearer <api_key>``.
+    ``max_tokens_limit``: the largest ``max_tokens`` a chat request may ask for (more is a 400).
+    ``max_concurrency``: program runs in flight at once (threads of the app's pool); chat requests hold no thread.
+    The app does not own the engine: whoever built it closes it.
+    """
+    if api_key is not None and not api_key:
+        raise ValueError("api_key is empty: pass None to serve without a key, or a non-empty key")
+    try:  # the limit must itself be a valid request: the engine protocol bounds max_tokens too
+        SamplingParams(max_tokens=max_tokens_limit)
+    except ValidationError as exc:
+        raise ValueError(f"max_tokens_limit={max_tokens_limit} is out of range: {exc.errors()[0]['msg']}") from None
+    if max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+    manifest, engine = compiled.manifest, compiled.engine
+    routes = model_routes(manifest)
+    inputs = program_inputs(compiled.program)
+    defaults = compiled.sampling()
+    created = int(time.time())
+    pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="wfc-serve")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    async def in_pool(fn, *args):
+        # a copy of the caller's context, so dspy.context settings follow the call onto the worker thread
+        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(pool, call)
+
+    async def check_key(authorization: str | None = Header(None)) -> None:
+        if api_key is None:
+            return
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+                           kind="authentication_error", code="invalid_api_key")
+
+    def known_program(name: str) -> str:
+        if name != manifest.name:
+            raise APIError(404, f"no program {name!r} here; this server runs {manifest.name!r}",
+                           kind="not_found_error", param="name", code="program_not_found")
+        return name
+
+    app = FastAPI(title=f"wfc: {manifest.name}", lifespan=lifespan)
+    app.state.compiled = compiled
+    app.state.pool = pool
+    api = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
+
+    @app.exception_handler(APIError)
+    async def _api_error(_request: Request, exc: APIError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError):
+        return APIError(422, _validation_message(exc)).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return APIError(exc.status_code, str(exc.detail), kind=kind).response()
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "program": manifest.name, "base_model": manifest.base_model,
+                "roles": manifest.roles, "engine": type(engine).__name__}
+
+    @api.get("/models")
+    async def list_models():
+        data = []
+        for name, adapter in routes.items():
+            kind = "role" if name in manifest.roles else ("adapter" if adapter is not None else "base")
+            data.append({"id": name, "object": "model", "created": created, "owned_by": "wfc", "kind": kind,
+                         "adapter": adapter})
+        return {"object": "list", "data": data}
+
+    @api.get("/programs")
+    async def list_programs():
+        return {"object": "list", "data": [{"id": manifest.name, "object": "program", "inputs": list(inputs.fields),
+                                            "roles": manifest.roles}]}
+
+    @api.post("/programs/{name}")
+    async def run_program(body: ProgramRequest, name: str = Depends(known_program)):
+        inputs.check(body.inputs)
+        graph = await in_pool(compiled.trace, dict(body.inputs))  # trace never raises: failures are its status
+        view = {"graph": graph_view(graph)} if body.return_graph else {}
+        if graph.status != "ok":
+            raise APIError(500, f"the run ended with {graph.status}: {graph.error}", kind=graph.status,
+                           code="run_failed", extra=view)
+        return {"id": f"run-{uuid.uuid4().hex}", "object": "program.run", "program": name, "status": graph.status,
+                "outputs": _jsonable(graph.outputs), **view}
+
+    @api.post("/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest):
+        if body.stream:
+            raise APIError(400, "streaming is not supported: send stream=false", param="stream")
+        if body.model not in routes:
+            raise APIError(404, f"unknown model {body.model!r}; this server has {list(routes)} (roles, adapters, "
+                                "the base model)", kind="not_found_error", param="model", code="model_not_found")
+        if len(body.stops()) > MAX_STOPS:
+            raise APIError(400, f"at most {MAX_STOPS} stop strings, got {len(body.stops())}", param="stop")
+        max_tokens = body.max_tokens or body.max_completion_tokens or min(defaults.max_tokens, max_tokens_limit)
+        if max_tokens > max_tokens_limit:
+            raise APIError(400, f"max_tokens={max_tokens} is above this server's limit of {max_tokens_limit}; ask "
+                                f"for at most {max_tokens_limit} (the server sets it with --max-tokens-limit)",
+                           param="max_tokens", code="max_tokens_too_large")
+        sampling = SamplingParams(
+            temperature=defaults.temperature if body.temperature is None else body.temperature,
+            top_p=defaults.top_p if body.top_p is None else body.top_p,
+            max_tokens=max_tokens, stop=body.stops() or defaults.stop)
+        request = GenerationRequest(messages=tuple(m.as_dict() for m in body.messages), adapter=routes[body.model],
+                                    sampling=sampling)
+
+        async def one():
+            # submit off the event loop (an engine may tokenise there), then await the future without a thread
+            return await asyncio.wrap_future(await in_pool(engine.submit, request))
+
+        try:
+            gens = await asyncio.gather(*(one() for _ in range(body.n)))
+        except Exception as exc:
+            raise APIError(500, f"the engine failed: {type(exc).__name__}: {exc}", kind="server_error") from exc
+        prompt_tokens = len(gens[0].prompt_ids)
+        completion_tokens = sum(len(g.completion_ids) for g in gens)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": body.model,
+            "choices": [{"index": i, "message": {"role": "assistant", "content": g.text}, "logprobs": None,
+                         "finish_reason": g.finish_reason} for i, g in enumerate(gens)],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        }
+
+    app.include_router(api)
+    return app
+
+
+# ----- running it -----------------------------------------------------------------------------------------------------
+class ServerThread:
+    """uvicorn serving ``app`` on a background thread of this process (tests, benchmarks, notebooks).
+    ``port=0`` picks a free port; ``url`` is known once the context is entered."""
+
+    def __init__(self, app: FastAPI, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+                 startup_timeout_s: float = 30.0):
+        import uvicorn
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+        self.host = host
+        self.startup_timeout_s = startup_timeout_s
+        self.thread = threading.Thread(target=self.server.run, name="wfc-serve-uvicorn", daemon=True)
+        self.port: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> "ServerThread":
+        self.thread.start()
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.server.should_exit = True
+                raise RuntimeError(f"the server did not start on {self.host} (port in use?)")
+            time.sleep(0.01)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def serve(path, *, engine: str = "hf", model: str | None = None, host: str = "127.0.0.1", port: int = 8000,
+          api_key: str | None = None, max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT,
+          max_concurrency: int = DEFAULT_MAX_CONCURRENCY, log_level: str = "info") -> None:
+    """Load the artifact at ``path`` on a new ``engine`` (``hf`` or ``vllm``) and serve it until interrupted.
+    ``model`` overrides where the base weights come from (its checksum must still match the manifest's)."""
+    import uvicorn
+
+    from wfc.artifact import load, read_manifest
+    from wfc.engines import make_engine
+
+    manifest = read_manifest(path)  # a wrong directory fails here, before a model loads
+    built = make_engine(engine, model or manifest.base_model)
+    try:
+        compiled = load(path, engine=built)
+        app = create_app(compiled, api_key=api_key, max_tokens_limit=max_tokens_limit,
+                         max_concurrency=max_concurrency)
+        uvicorn.run(app, host=host, port=port, log_level=log_level)
+    finally:
+        built.close()
