@@ -2,8 +2,9 @@
 
 One step: sample ``examples_per_step`` examples -> ``group_size`` rollouts of the whole program on each, all in flight
 together (the engine batches them) -> score every rollout with the metric -> group calls per (example, role path,
-invocation) -> group-relative advantages -> one optimizer step per adapter -> the engine's next rollouts use the
-updated adapters in place (no reload). Validation runs before training, every ``eval_every`` steps and at the end;
+invocation) -> group-relative advantages -> one optimizer step per adapter -> ``engine.sync_adapters``: the HF engine
+reads the updated adapters in place (it shares the trainer's model); the vLLM engine (``engine="vllm"``) gets only
+the changed adapters as a new revision, never the base weights. Validation runs before training, every ``eval_every`` steps and at the end;
 every evaluated revision is kept, and the artifact holds the best one (or the last, on request).
 
 Backends map roles to adapters (``backends.resolve_backend``): ``shared`` (one adapter for all roles), ``isolated``
@@ -16,7 +17,8 @@ the best revision to that revision's exact weights, multiplies its learning rate
 an event (``metrics.jsonl`` kind ``event``, and ``manifest.events``). Every evaluated revision is still kept.
 
 Log records (``metrics.jsonl``): ``plan`` (backend, role -> adapter, reasons), ``eval``, ``step`` (with per-role
-diagnostics under ``roles`` and the guards in force under ``guards``), ``event``.
+diagnostics under ``roles``, the guards in force under ``guards``, and the engine/trainer ``logprob_mismatch`` that
+``importance_correction`` acts on), ``event``.
 """
 
 from __future__ import annotations
@@ -135,10 +137,10 @@ class MMGRPO:
                                 "dspy.Example(question=..., answer=...).with_inputs('question')")
         valset = list(valset) if valset else []
         student = copy_program(program)
-        if engine is None:
-            from wfc.engines.hf import HFEngine
+        if engine is None or isinstance(engine, str):  # a name: "hf" (the default) or "vllm"
+            from wfc.engines import make_engine
 
-            engine = HFEngine(model)
+            engine = make_engine(engine or "hf", model)
         check_role_keys("role_learning_rates", cfg.role_learning_rates, list(role_map))
         check_role_keys("role_max_grad_norm", cfg.role_max_grad_norm, list(role_map))
         torch.manual_seed(cfg.seed)  # HF sampling draws from torch's global generator; seed it for reproducibility

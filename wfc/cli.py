@@ -149,6 +149,8 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="base model [smollm2-135m]")
     p.add_argument("--backend", default="shared",
                    help="shared | isolated | auto | JSON dict role -> adapter group [shared]")
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm"],
+                   help="rollout engine: hf, or vllm (the vllm extra; adapter-only hand-off each step) [hf]")
     p.add_argument("--out", required=True, help="artifact directory to write")
     p.add_argument("--run-dir", default=None, help="where metrics.jsonl and curves go [runs/<time>]")
 
@@ -220,10 +222,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
     backend = args.backend
     if backend.startswith("{"):
         backend = json.loads(backend)
-    compiled = MMGRPO(metric, config=config).compile(program, trainset=trainset, valset=valset, model=args.model,
-                                                     backend=backend, run_dir=args.run_dir,
-                                                     program_import_path=args.program)
-    path = compiled.save(args.out)
+    from wfc.engines import make_engine
+
+    engine = make_engine(args.engine, args.model)
+    try:
+        compiled = MMGRPO(metric, config=config).compile(program, trainset=trainset, valset=valset, engine=engine,
+                                                         backend=backend, run_dir=args.run_dir,
+                                                         program_import_path=args.program)
+        path = compiled.save(args.out)
+    finally:
+        engine.close()
     evals = [r for r in compiled.manifest.history if r["kind"] == "eval"]
     if evals:
         print(f"validation accuracy: {evals[0]['val_accuracy']:.3f} (step 0) -> "

@@ -12,8 +12,8 @@ Two copies of the base weights live in the process, one per job (as in MinT's tr
 
 Adapter-only hand-off: after the trainer changes adapters (an update, a rollback) it calls
 :meth:`VLLMEngine.sync_adapters`; each changed adapter is written once in standard PEFT format to a new revision
-directory and registered as a new ``LoRARequest`` (new id, new path). vLLM loads those few megabytes on the next
-request that names it; the base weights are never re-sent or reloaded. The previous revision is removed from
+directory (under ``/dev/shm`` where available) and loaded into vLLM as a new ``LoRARequest`` (new id, new path); the
+base weights are never re-sent or reloaded. The previous revision is removed from
 vLLM's LoRA cache and from disk. Invariant: a request submitted after ``sync_adapters`` returns is served by the
 new revision (requests already running finish on the old one).
 
@@ -80,9 +80,12 @@ class VLLMEngine(BatchingEngine):
         self.stats: dict[str, Any] = {"generate_calls": 0, "rows": 0, "batch_sizes": [], "handoffs": [],
                                       "generated_tokens": 0}
         self._own_workdir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="wfc-vllm-"))
+        # revisions go to memory-backed /dev/shm where there is one: a hand-off then never touches a disk
+        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="wfc-vllm-", dir=shm))
         self._loras: dict[str, LoRARequest] = {}  # adapter name -> the LoRARequest of its current revision
         self._owned: dict[str, Path] = {}  # adapter name -> revision directory this engine wrote (deleted on replace)
+        self._tensor_maps: dict[str, tuple[Any, dict[str, torch.Tensor]]] = {}
         self._next_id = 1
         self._lora_lock = threading.Lock()
         self._rng = torch.Generator().manual_seed(seed)
@@ -141,6 +144,7 @@ class VLLMEngine(BatchingEngine):
     def load_adapter(self, name: str, path: str) -> None:
         """Load a saved PEFT adapter as ``name`` on both sides; the sampler reads it from ``path`` as it is."""
         self.trainer.load_adapter(name, path)
+        self._tensor_maps.pop(name, None)  # new parameter objects
         rank = self.trainer.model.peft_config[name].r
         if rank > self.max_lora_rank:
             raise ValueError(f"adapter {name!r} at {path} has rank {rank} > max_lora_rank={self.max_lora_rank}: "
@@ -156,7 +160,7 @@ class VLLMEngine(BatchingEngine):
         size = 0
         for name in names:
             with self.lock:
-                state = adapter_state(self.model, name)
+                state = {k: v.detach().contiguous().clone() for k, v in self._adapter_tensors(name).items()}
             with self._lora_lock:
                 revision = self._next_id
             path = self.workdir / name / f"rev-{revision}"
@@ -164,6 +168,21 @@ class VLLMEngine(BatchingEngine):
             size += sum(f.stat().st_size for f in path.iterdir())
             self._register(name, path, owned=True)
         self.stats["handoffs"].append({"adapters": list(names), "seconds": time.perf_counter() - t0, "bytes": size})
+
+    def _adapter_tensors(self, name: str) -> dict[str, torch.Tensor]:
+        """PEFT-keyed live parameters of adapter ``name`` (what ``adapter_state`` returns, without walking the whole
+        model's state dict on every hand-off). The key map is built once per adapter and checked against peft's."""
+        cache = self._tensor_maps.get(name)
+        if cache is None or cache[0] is not self.model:
+            marker = f".{name}."
+            live = {n.replace(marker, "."): p for n, p in self.model.named_parameters()
+                    if marker in n and "lora_" in n}
+            expected = set(adapter_state(self.model, name))
+            if set(live) != expected:  # peft changed its keying: fall back to the slow, certain path
+                return adapter_state(self.model, name)
+            cache = (self.model, live)
+            self._tensor_maps[name] = cache
+        return cache[1]
 
     def _register(self, name: str, path: Path, *, owned: bool) -> None:
         with self._lora_lock:
@@ -174,6 +193,8 @@ class VLLMEngine(BatchingEngine):
             self._loras[name] = LoRARequest(f"{name}@{lora_id}", lora_id, str(path))
             if owned:
                 self._owned[name] = path
+        # Load it into vLLM now, so the hand-off is complete (and timed) here rather than inside the next request.
+        self.llm.llm_engine.add_lora(self._loras[name])
         if old is not None:
             self.llm.llm_engine.remove_lora(old.lora_int_id)
         if old_dir is not None:
