@@ -40,14 +40,14 @@ def _groups(seed: int = 0) -> list:
     ]
 
 
-def _reference(model, groups) -> list[list[torch.Tensor]]:
+def _reference(model, groups, temperature: float = 1.0) -> list[list[torch.Tensor]]:
     """Independent of the module: one unpadded row per completion, full logits."""
     out = []
     for prompt, comps in groups:
         row = []
         for comp in comps:
             logits = model(torch.tensor([prompt + comp])).logits[0]  # (T, V)
-            logp = torch.log_softmax(logits, -1)[len(prompt) - 1 : len(prompt) - 1 + len(comp)]
+            logp = torch.log_softmax(logits / temperature, -1)[len(prompt) - 1 : len(prompt) - 1 + len(comp)]
             row.append(logp.gather(-1, torch.tensor(comp)[:, None])[:, 0])
         out.append(row)
     return out
@@ -122,6 +122,18 @@ def test_naive_matches_unpadded_full_logits(tiny):
     ref = _reference(tiny, groups)
     assert _max_diff(naive_logprobs(tiny, groups), ref) < ATOL
     assert _max_diff(naive_logprobs(tiny, groups, token_budget=20), ref) < ATOL  # mixed-group padded batches
+
+
+@torch.no_grad()
+def test_temperature_scaled_logprobs_match_the_reference(tiny):
+    """Log-probs under softmax(logits / T): what the engines report for tokens sampled at temperature T."""
+    groups = _groups()
+    ref = _reference(tiny, groups, temperature=0.7)
+    assert _max_diff(packed_logprobs(tiny, groups, temperature=0.7), ref) < ATOL
+    assert _max_diff(naive_logprobs(tiny, groups, temperature=0.7), ref) < ATOL
+    assert _max_diff(packed_logprobs(tiny, groups), _reference(tiny, groups)) < ATOL
+    with pytest.raises(ValueError, match="temperature"):
+        packed_logprobs(tiny, groups, temperature=0.0)
 
 
 @torch.no_grad()

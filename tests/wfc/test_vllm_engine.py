@@ -181,10 +181,21 @@ def test_compile_on_vllm_end_to_end_and_serve_on_both_engines(tmp_path):
         expected = compiled(question=question).answer
     finally:
         engine.close()
+    from fastapi.testclient import TestClient
+
+    from wfc.serve import create_app
+
     for make in (lambda: VLLMEngine(load_model("tiny"), max_loras=4, kv_cache_gib=0.25),
                  lambda: HFEngine(load_model("tiny"))):
         other = make()
         try:
-            assert wfc.load(path, engine=other)(question=question).answer == expected
+            loaded = wfc.load(path, engine=other)
+            assert loaded(question=question).answer == expected
+            client = TestClient(create_app(loaded))  # `wfc serve DIR --engine vllm|hf` serves exactly this app
+            reply = client.post(f"/v1/programs/{loaded.manifest.name}", json={"inputs": {"question": question}})
+            assert reply.status_code == 200 and reply.json()["outputs"]["answer"] == expected
+            chat = client.post("/v1/chat/completions", json={
+                "model": "voter", "max_tokens": 6, "messages": [{"role": "user", "content": question}]})
+            assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] > 0
         finally:
             other.close()
