@@ -159,12 +159,12 @@ class VLLMEngine(BatchingEngine):
         t0 = time.perf_counter()
         size = 0
         for name in names:
-            with self.lock:
-                state = {k: v.detach().contiguous().clone() for k, v in self._adapter_tensors(name).items()}
             with self._lora_lock:
                 revision = self._next_id
             path = self.workdir / name / f"rev-{revision}"
-            write_adapter(self.model, name, state, path)
+            with self.lock:  # written straight from the live weights: no copy, and no update can interleave
+                write_adapter(self.model, name, {k: v.detach() for k, v in self._adapter_tensors(name).items()},
+                              path)
             size += sum(f.stat().st_size for f in path.iterdir())
             self._register(name, path, owned=True)
         self.stats["handoffs"].append({"adapters": list(names), "seconds": time.perf_counter() - t0, "bytes": size})
