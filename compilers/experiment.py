@@ -44,8 +44,8 @@ def summarize(history: list[dict[str, Any]], events: list[dict[str, Any]]) -> di
 
 def run_matrix(*, workflows: Sequence[str], backends: Sequence[Any], tasks: Sequence[str], seeds: Sequence[int],
                model: str, out_dir: str | Path, config: dict[str, Any] | None = None,
-               val_size: int = 30) -> list[dict[str, Any]]:
-    from wfc.engines.hf import HFEngine
+               val_size: int = 30, engine: str = "hf") -> list[dict[str, Any]]:
+    from wfc.engines import make_engine
     from wfc.tasks import get_task
 
     out = Path(out_dir)
@@ -60,18 +60,18 @@ def run_matrix(*, workflows: Sequence[str], backends: Sequence[Any], tasks: Sequ
         cell = {"task": task_name, "workflow": workflow, "backend": backend, "seed": seed, "model": model}
         run_dir = out / "runs" / f"{task_name}-{workflow}-{backend}-{seed}"
         t0 = time.time()
-        engine = HFEngine(model)
+        cell_engine = make_engine(engine, model)
         try:
             compiled = MMGRPO(task.metric, **{**(config or {}), "seed": seed}).compile(
                 WORKFLOWS[workflow](task.signature), trainset=task.trainset, valset=(task.valset or [])[:val_size],
-                engine=engine, backend=backend, run_dir=run_dir, progress=False)
+                engine=cell_engine, backend=backend, run_dir=run_dir, progress=False)
             cell.update(summarize(compiled.manifest.history, compiled.manifest.events))
             cell["backend_resolved"] = compiled.manifest.backend
             cell["backend_reasons"] = compiled.manifest.backend_reasons
         except Exception as exc:  # one failing cell must not cost the rest of the matrix
             cell["error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         finally:
-            engine.close()
+            cell_engine.close()
         cell["seconds"] = round(time.time() - t0, 1)
         results.append(cell)
         with open(out / "results.jsonl", "a") as f:

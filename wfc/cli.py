@@ -357,6 +357,7 @@ def _experiment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="JSON file with MMGRPOConfig fields shared by every cell")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override one config field")
     p.add_argument("--val-size", type=_positive_int, default=30)
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="rollout engine of every cell [hf]")
     p.add_argument("--out", required=True, help="directory for results.jsonl, results.md, curves.png")
 
 
@@ -369,7 +370,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         setattr(args, field, None)
     results = run_matrix(workflows=args.workflows.split(","), backends=args.backends.split(","),
                          tasks=args.tasks.split(","), seeds=[int(s) for s in args.seeds.split(",")],
-                         model=args.model, out_dir=args.out, config=_config_overrides(args), val_size=args.val_size)
+                         model=args.model, out_dir=args.out, config=_config_overrides(args), val_size=args.val_size,
+                         engine=args.engine)
     print(Path(args.out, "results.md").read_text())
     return 0 if all("error" not in r for r in results) else 1
 
