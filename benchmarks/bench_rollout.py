@@ -23,6 +23,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def rollout_tok_s(program, examples, engine, *, group_size: int, adapters, sampling) -> float:
+    """Completion tokens per second of one batch of whole rollouts (``group_size`` per example, all in flight)."""
+    from wfc.lower import run_rollouts
+
+    t0 = time.perf_counter()
+    graphs = run_rollouts(program, examples, engine, repeats=group_size, adapters=adapters, sampling=sampling)
+    dt = time.perf_counter() - t0
+    return sum(len(c.completion_ids) for gs in graphs for g in gs for c in g.calls) / dt
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny")
@@ -41,7 +51,7 @@ def main() -> None:
     from compilers.config import LoraSettings
     from wfc.engines.base import SamplingParams
     from wfc.engines.hf import HFEngine
-    from wfc.lower import roles, run_rollouts
+    from wfc.lower import roles
     from wfc.tasks.arithmetic import make_arithmetic
     from wfc.tasks.signatures import SolveMath
 
@@ -63,12 +73,8 @@ def main() -> None:
     results: dict[str, list[float]] = {"shared": [], "isolated": []}
     for _ in range(args.repeats):
         for backend, plan in plans.items():
-            t0 = time.perf_counter()
-            graphs = run_rollouts(program, examples, engine, repeats=args.group_size, adapters=plan.role_adapters,
-                                  sampling=sampling)
-            dt = time.perf_counter() - t0
-            tokens = sum(len(c.completion_ids) for gs in graphs for g in gs for c in g.calls)
-            results[backend].append(tokens / dt)
+            results[backend].append(rollout_tok_s(program, examples, engine, group_size=args.group_size,
+                                                  adapters=plan.role_adapters, sampling=sampling))
     engine.close()
     shared, isolated = statistics.median(results["shared"]), statistics.median(results["isolated"])
     table = {"model": args.model, "roles": paths, "shared_tok_s": round(shared, 1),

@@ -95,6 +95,7 @@ def bench_rollouts(engines: dict, *, examples: int, group_size: int, max_tokens:
     import torch
 
     from benchmarks.bench_memory import four_roles
+    from benchmarks.bench_rollout import rollout_tok_s
     from compilers.backends import resolve_backend
     from compilers.config import LoraSettings
     from wfc.lower import roles, run_rollouts
@@ -122,12 +123,8 @@ def bench_rollouts(engines: dict, *, examples: int, group_size: int, max_tokens:
         run_rollouts(program, items[:1], engine, repeats=1, adapters=plan.role_adapters, sampling=sampling)
     for _ in range(repeats):
         for name, engine in engines.items():
-            t0 = time.perf_counter()
-            graphs = run_rollouts(program, items, engine, repeats=group_size, adapters=plan.role_adapters,
-                                  sampling=sampling)
-            dt = time.perf_counter() - t0
-            tokens = sum(len(c.completion_ids) for gs in graphs for g in gs for c in g.calls)
-            out["runs"][name].append(tokens / dt)
+            out["runs"][name].append(rollout_tok_s(program, items, engine, group_size=group_size,
+                                                   adapters=plan.role_adapters, sampling=sampling))
     for name in engines:
         out[f"{name}_tok_s"] = round(statistics.median(out["runs"][name]), 1)
     out["ratio_vllm_over_hf"] = round(out["vllm_tok_s"] / out["hf_tok_s"], 3)

@@ -14,6 +14,7 @@ Invariants: directories are written to a temporary sibling and renamed into plac
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib.metadata
 import json
@@ -95,13 +96,18 @@ def write_adapter(model, adapter: str, state: dict[str, Any], path: Path) -> Non
               metadata={"format": "pt"})
 
 
+@contextlib.contextmanager
 def _atomic_dir(target: Path):
+    """Yield an empty sibling directory of ``target``; on success it replaces ``target`` in one rename (the old one
+    is removed after), on any error it is deleted and ``target`` is untouched."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-
-
-def _commit_dir(tmp: Path, target: Path) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if target.exists():
         old = target.with_name(f".{target.name}.old-{os.getpid()}")
         os.replace(target, old)
@@ -155,8 +161,7 @@ class CompiledProgram:
     # ----- save ---------------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
         target = Path(path)
-        tmp = _atomic_dir(target)
-        try:
+        with _atomic_dir(target) as tmp:
             model = self.engine.model
             self.program.save(str(tmp / "program"), save_program=True)
             (tmp / "program" / "state.json").write_text(json.dumps(self.program.dump_state(), default=str, indent=1))
@@ -171,10 +176,6 @@ class CompiledProgram:
                         shutil.copy2(self.run_dir / name, tmp / name)
             manifest = self.manifest.model_copy(update={"revisions": sorted(self.revisions)})
             (tmp / "manifest.json").write_text(manifest.model_dump_json(indent=2))
-            _commit_dir(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return target
 
 
@@ -234,8 +235,7 @@ def rollback(path: str | os.PathLike, *, step: int) -> Manifest:
     source = path / "revisions" / str(step)
     if step not in manifest.revisions or not source.is_dir():
         raise ArtifactError(f"{path} has no revision for step {step}; stored revisions: {manifest.revisions}")
-    tmp = _atomic_dir(path)
-    try:
+    with _atomic_dir(path) as tmp:
         shutil.rmtree(tmp)
         shutil.copytree(path, tmp)
         shutil.rmtree(tmp / "adapters")
@@ -244,8 +244,4 @@ def rollback(path: str | os.PathLike, *, step: int) -> Manifest:
                  "at": _dt.datetime.now(_dt.timezone.utc).isoformat()}
         manifest = manifest.model_copy(update={"revision_step": step, "events": [*manifest.events, event]})
         (tmp / "manifest.json").write_text(manifest.model_dump_json(indent=2))
-        _commit_dir(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return manifest

@@ -178,16 +178,15 @@ def _jsonable(value: Any) -> Any:
 
 
 def graph_view(graph) -> dict[str, Any]:
-    """A rollout graph as the program route returns it: per call its role, adapter, status, messages, completion
-    text, parsed outputs and token counts (not the token ids or log-probs), plus the data-flow edges."""
-    calls = [{
-        "id": c.id, "role": c.role, "invocation": c.invocation, "adapter": c.adapter, "status": c.status,
-        "error": c.error, "messages": c.messages, "text": c.text, "outputs": c.outputs,
-        "finish_reason": c.finish_reason, "prompt_tokens": len(c.prompt_ids), "completion_tokens": len(c.completion_ids),
-    } for c in graph.calls]
-    edges = [{"src": a, "dst": b, **data} for a, b, data in graph.graph.edges(data=True)]
-    return _jsonable({"status": graph.status, "error": graph.error, "outputs": graph.outputs, "calls": calls,
-                      "edges": edges})
+    """A rollout graph as the program route returns it: :meth:`RolloutGraph.to_dict` with each call's token ids and
+    log-probs replaced by token counts, and without the example (the client sent it)."""
+    view = graph.to_dict()
+    view.pop("example", None)
+    for call in view["calls"]:
+        call["prompt_tokens"] = len(call.pop("prompt_ids"))
+        call["completion_tokens"] = len(call.pop("completion_ids"))
+        call.pop("logprobs")
+    return _jsonable(view)
 
 
 # ----- the app --------------------------------------------------------------------------------------------------------

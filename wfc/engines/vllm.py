@@ -143,12 +143,14 @@ class VLLMEngine(BatchingEngine):
 
     def load_adapter(self, name: str, path: str) -> None:
         """Load a saved PEFT adapter as ``name`` on both sides; the sampler reads it from ``path`` as it is."""
-        self.trainer.load_adapter(name, path)
-        self._tensor_maps.pop(name, None)  # new parameter objects
-        rank = self.trainer.model.peft_config[name].r
+        from peft import PeftConfig
+
+        rank = PeftConfig.from_pretrained(path).r  # checked before either side changes
         if rank > self.max_lora_rank:
             raise ValueError(f"adapter {name!r} at {path} has rank {rank} > max_lora_rank={self.max_lora_rank}: "
                              f"build the engine with max_lora_rank >= {rank}")
+        self.trainer.load_adapter(name, path)
+        self._tensor_maps.pop(name, None)  # new parameter objects
         self._register(name, Path(path), owned=False)
 
     def sync_adapters(self, names) -> None:
@@ -204,7 +206,7 @@ class VLLMEngine(BatchingEngine):
     def _vllm_sampling(self, sampling: SamplingParams) -> VSamplingParams:
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._rng))
         return VSamplingParams(
-            temperature=sampling.temperature, top_p=sampling.top_p, top_k=0 if not sampling.greedy else -1,
+            temperature=sampling.temperature, top_p=sampling.top_p,  # top_k off (the default): the full distribution
             max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None, include_stop_str_in_output=True,
             logprobs=0, seed=None if sampling.greedy else seed, skip_special_tokens=True,
         )
