@@ -2,22 +2,37 @@
 
 Layout of an artifact directory::
 
-    manifest.json              Manifest (format version, base model id + checksum, roles -> adapters, config, ...)
-    program/                   the DSPy program (dspy ``save_program=True``) and program/state.json (its DSPy state)
+    manifest.json              Manifest (format version, base model id + checksum, roles -> adapters, config, the
+                               program's source reference, sha256 of every other file, ...)
+    program/state.json         the program's DSPy state (``dump_state``: instructions, demos per predictor)
+    program/structure.json     the program's object tree as data (``wfc.source``): rebuilt without pickle
+    program/source/<stem>.py   the program's code when it lives outside installed packages (a script's slice, a
+                               sibling module); absent for classes of installed packages (``programs.voting``)
+    program/program.pkl        a cloudpickle of the program (DSPy ``save_program=True``), read only when trusted
     adapters/<name>/           standard PEFT adapters (adapter_config.json + adapter_model.safetensors)
     revisions/<step>/<name>/   every evaluated adapter revision (rollback targets)
     metrics.jsonl, curves.png  training history and curves (when trained)
 
 Invariants: directories are written to a temporary sibling and renamed into place (a failed save loses nothing);
-``adapters/`` holds the revision named by ``manifest.revision_step``; the role path is the key of the role map.
+``adapters/`` holds the revision named by ``manifest.revision_step``; the role path is the key of the role map;
+``manifest.checksums`` holds the sha256 of every file but the manifest, and ``load`` verifies everything under
+``program/`` and ``adapters/`` before reading it (a tampered or truncated file is an ``ArtifactError`` naming it).
+
+Loading safely: by default ``load`` runs no code from the artifact. It rebuilds the program from structure.json +
+state.json with classes the environment already imports by name. Code shipped in the artifact (program/source/,
+program.pkl) runs only with ``trust_code=True`` (CLI ``--trust-code``); ``program_import_path="file.py:factory"``
+builds the program from your own code instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime as _dt
+import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -29,6 +44,9 @@ from pydantic import BaseModel, Field
 
 from wfc.adapter import CompactChatAdapter
 from wfc.engines.base import SamplingParams
+from wfc.source import ProgramSource, RestoreError, capture, rebuild
+
+log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 
@@ -44,6 +62,7 @@ class Manifest(BaseModel):
     base_model_checksum: str
     program_import_path: str | None = None
     program_class: str
+    program_source: ProgramSource | None = Field(default=None, description="where the program's code lives")
     roles: dict[str, str | None] = Field(description="role path -> adapter name (None: the base model)")
     backend: Any = "shared"
     backend_reasons: list[str] = Field(default_factory=list)
@@ -56,6 +75,7 @@ class Manifest(BaseModel):
     sampling: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.0, "max_tokens": 64})
     package_versions: dict[str, str] = Field(default_factory=dict)
     created_at: str = Field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat())
+    checksums: dict[str, str] = Field(default_factory=dict, description="relative path -> sha256, every file")
 
 
 def package_versions() -> dict[str, str]:
@@ -117,24 +137,69 @@ def _atomic_dir(target: Path):
         os.replace(tmp, target)
 
 
-def _import_object(path: str):
-    from wfc.imports import load_object
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
-    return load_object(path)
+
+def _checksums(root: Path, under: str = "") -> dict[str, str]:
+    """sha256 of every file below ``root / under`` but the manifest, keyed by its posix path relative to root."""
+    base = root / under if under else root
+    return {p.relative_to(root).as_posix(): sha256(p) for p in sorted(base.rglob("*"))
+            if p.is_file() and p.relative_to(root).as_posix() != "manifest.json"}
 
 
-class CompiledProgram:
-    """A program bound to trained adapters on a resident base model. Call it like the original program."""
+def verify(path: Path, manifest: Manifest, *, under: tuple[str, ...] = ("program/", "adapters/"),
+           skip: tuple[str, ...] = ("program/program.pkl",)) -> None:
+    """Every checksummed file below ``under`` (but ``skip``: the pickle is checked only when it is about to be read)
+    exists and matches its sha256; ArtifactError naming the first that does not. Artifacts written before checksums
+    existed (none recorded) are not verified."""
+    for rel, expected in sorted(manifest.checksums.items()):
+        if not rel.startswith(under) or rel in skip:
+            continue
+        file = path / rel
+        if not file.is_file():
+            raise ArtifactError(f"{path}: {rel} is missing; the artifact is incomplete: copy it again")
+        if sha256(file) != expected:
+            raise ArtifactError(f"{path}: {rel} does not match its sha256 in manifest.json (corrupted, truncated or "
+                                "tampered with): copy the artifact again from its source")
+
+
+class CompiledProgram(dspy.Module):
+    """A program bound to trained adapters on a resident base model. Call it like the original program.
+
+    A ``dspy.Module``: it can be nested in another program (its roles appear under their own dotted paths below the
+    attribute that holds it, e.g. ``team.voter``) and compiled again. Run on its own, its roles call this artifact's
+    adapters on its engine; inside a program whose predictors a tracer has bound (``wfc.lower.bind``), they follow
+    that binding, so the enclosing compile can train them further.
+    """
+
+    _SHARED = ("engine", "manifest", "revisions", "run_dir")  # never deep-copied: a copy runs on the same engine
 
     def __init__(self, program: dspy.Module, engine, manifest: Manifest, *,
                  revisions: dict[int, dict[str, dict[str, Any]]] | None = None, run_dir: Path | None = None):
         from wfc.lower import copy_program
 
+        super().__init__()
         self.program = copy_program(program)
         self.engine = engine
         self.manifest = manifest
         self.revisions = revisions or {}
         self.run_dir = Path(run_dir) if run_dir else None
+
+    def __deepcopy__(self, memo):
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            new.__dict__[key] = value if key in self._SHARED else copy.deepcopy(value, memo)
+        return new
+
+    def named_parameters(self):
+        """The inner program's predictors under their own paths (``voter``, not ``program.voter``)."""
+        return self.program.named_parameters()
 
     @property
     def roles(self) -> dict[str, str | None]:
@@ -149,7 +214,9 @@ class CompiledProgram:
 
         return bind(copy_program(self.program), self.engine, adapters=self.roles, sampling=self.sampling())
 
-    def __call__(self, **inputs):
+    def forward(self, **inputs):
+        if any(getattr(p, "lm", None) is not None for _, p in self.program.named_predictors()):
+            return self.program(**inputs)  # bound by an enclosing program's tracer: its handles route the calls
         with dspy.context(adapter=CompactChatAdapter()):
             return self.bound()(**inputs)
 
@@ -161,10 +228,19 @@ class CompiledProgram:
     # ----- save ---------------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
         target = Path(path)
+        found = capture(self.program)
+        if found.structure is None:
+            log.warning("the program will need program_import_path= or trust_code=True to load: %s",
+                        found.source.structure_error)
         with _atomic_dir(target) as tmp:
             model = self.engine.model
-            self.program.save(str(tmp / "program"), save_program=True)
+            _write_pickle(self.program, tmp / "program", found.local_modules)
             (tmp / "program" / "state.json").write_text(json.dumps(self.program.dump_state(), default=str, indent=1))
+            if found.structure is not None:
+                (tmp / "program" / "structure.json").write_text(json.dumps(found.structure, indent=1))
+            for rel, text in found.files.items():
+                (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / rel).write_text(text)
             for adapter in sorted({a for a in self.roles.values() if a is not None}):
                 write_adapter(model, adapter, adapter_state(model, adapter), tmp / "adapters" / adapter)
             for step, states in sorted(self.revisions.items()):
@@ -174,9 +250,29 @@ class CompiledProgram:
                 for name in ("metrics.jsonl", "curves.png", "roles.png"):
                     if (self.run_dir / name).exists():
                         shutil.copy2(self.run_dir / name, tmp / name)
-            manifest = self.manifest.model_copy(update={"revisions": sorted(self.revisions)})
+            manifest = self.manifest.model_copy(update={"revisions": sorted(self.revisions),
+                                                        "program_source": found.source, "checksums": _checksums(tmp)})
             (tmp / "manifest.json").write_text(manifest.model_dump_json(indent=2))
         return target
+
+
+def _write_pickle(program: dspy.Module, path: Path, local_modules: list) -> None:
+    """program/program.pkl for trusted loads (local modules by value, so it unpickles anywhere); skipped, with a
+    warning, for programs that do not pickle: the JSON structure is what loads by default."""
+    import cloudpickle
+
+    path.mkdir(parents=True, exist_ok=True)
+    for module in local_modules:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        data = cloudpickle.dumps(program)
+    except Exception as exc:
+        log.warning("program.pkl not written (the program does not pickle: %s)", exc)
+        return
+    finally:
+        for module in local_modules:
+            cloudpickle.unregister_pickle_by_value(module)
+    (path / "program.pkl").write_bytes(data)
 
 
 def read_manifest(path: str | os.PathLike) -> Manifest:
@@ -192,10 +288,67 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
     return Manifest.model_validate(data)
 
 
-def load(path: str | os.PathLike, *, engine=None, model: str | None = None) -> CompiledProgram:
+def _restore_program(path: Path, manifest: Manifest, *, trust_code: bool,
+                     program_import_path: str | None) -> dspy.Module:
+    """The program, by the first route that applies: the caller's ``program_import_path``; the recorded structure
+    (or class); the recorded import path when it names a module; the pickle, only with ``trust_code``."""
+    from wfc.imports import _is_path, load_program
+
+    state_file = path / "program" / "state.json"
+    if program_import_path is not None:
+        program = load_program(program_import_path)
+    else:
+        program, reasons, needs_trust = None, [], False
+        if manifest.program_source is not None:
+            structure_file = path / "program" / "structure.json"
+            structure = json.loads(structure_file.read_text()) if structure_file.exists() else None
+            try:
+                program = rebuild(manifest.program_source, structure, path, trust_code=trust_code)
+            except RestoreError as exc:
+                reasons.append(str(exc))
+                needs_trust = exc.needs_trust
+        recorded = manifest.program_import_path
+        local_file = bool(recorded) and _is_path(recorded.rpartition(":")[0])  # a file the artifact names: code
+        needs_trust |= program is None and local_file and not trust_code
+        if program is None and recorded and (trust_code or not local_file):
+            try:
+                program = load_program(recorded)
+            except ValueError as exc:
+                reasons.append(f"program_import_path {recorded!r}: {exc}")
+        pickle_file = path / "program" / "program.pkl"
+        if program is None and trust_code and pickle_file.exists():
+            import cloudpickle
+
+            verify(path, manifest, under=("program/program.pkl",), skip=())
+            with open(pickle_file, "rb") as f:
+                program = cloudpickle.load(f)
+        elif program is None and pickle_file.exists():
+            needs_trust = True
+        if program is None:
+            why = "; ".join(reasons) or "no source reference is recorded"
+            trust = (" or trust_code=True (CLI --trust-code) to run the code the artifact ships, if you trust whoever "
+                     "made it") if needs_trust else ""
+            raise ArtifactError(f"{path}: cannot restore the program ({why}). Pass program_import_path="
+                                f"'your_file.py:factory' (CLI --program; a zero-argument function returning the "
+                                f"program, {manifest.program_class}){trust}")
+    if not isinstance(program, dspy.Module):
+        raise ArtifactError(f"{path}: the restored program is a {type(program).__name__}, not a dspy.Module")
+    try:
+        program.load_state(json.loads(state_file.read_text()))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ArtifactError(f"{path}: program/state.json does not fit the restored program ({type(exc).__name__}: "
+                            f"{exc}); its roles are {sorted(manifest.roles)}") from exc
+    return program
+
+
+def load(path: str | os.PathLike, *, engine=None, model: str | None = None, trust_code: bool = False,
+         program_import_path: str | None = None) -> CompiledProgram:
     """Load an artifact as a runnable program on the HF engine (or the given engine).
 
     ``model`` overrides where the base weights come from (e.g. a local copy); its checksum must still match.
+    ``trust_code=True`` allows running code shipped in the artifact (its copied source, its pickle): only for
+    artifacts from someone you trust. ``program_import_path`` (``'file.py:factory'``) builds the program from your
+    own code instead of the artifact's record; its state is then loaded from program/state.json.
     """
     from wfc.engines.hf import HFEngine
 
@@ -205,6 +358,12 @@ def load(path: str | os.PathLike, *, engine=None, model: str | None = None) -> C
         if not (path / "adapters" / adapter / "adapter_config.json").exists():
             raise ArtifactError(f"{path}: adapter {adapter!r} is missing (adapters/{adapter}/); the artifact is "
                                 "incomplete, re-save it from the compile run")
+        weights = f"adapters/{adapter}/adapter_model.safetensors"
+        if not (path / weights).exists() or (manifest.checksums and weights not in manifest.checksums):
+            raise ArtifactError(f"{path}: {weights} is missing or unlisted in manifest.json (wfc loads adapters "
+                                "only as checksummed safetensors): re-save the artifact from the compile run")
+    verify(path, manifest)
+    program = _restore_program(path, manifest, trust_code=trust_code, program_import_path=program_import_path)
     if engine is None:
         engine = HFEngine(model or manifest.base_model)
     checksum = engine.handle.checksum
@@ -212,16 +371,6 @@ def load(path: str | os.PathLike, *, engine=None, model: str | None = None) -> C
         raise ArtifactError(f"{path} was trained on base {manifest.base_model!r} (checksum "
                             f"{manifest.base_model_checksum[:12]}), but the engine holds {engine.handle.name!r} "
                             f"(checksum {checksum[:12]}): load it with model={manifest.base_model!r}")
-    program = None
-    try:
-        program = dspy.load(str(path / "program"), allow_pickle=True)
-    except Exception as exc:
-        if not manifest.program_import_path:
-            raise ArtifactError(f"{path}: cannot restore the program ({exc}) and no import path is recorded") from exc
-    if program is None:
-        obj = _import_object(manifest.program_import_path)
-        program = obj() if callable(obj) and not isinstance(obj, dspy.Module) else obj
-        program.load_state(json.loads((path / "program" / "state.json").read_text()))
     for adapter in sorted({a for a in manifest.roles.values() if a is not None}):
         engine.load_adapter(adapter, str(path / "adapters" / adapter))
     return CompiledProgram(program, engine, manifest)
@@ -229,12 +378,13 @@ def load(path: str | os.PathLike, *, engine=None, model: str | None = None) -> C
 
 def rollback(path: str | os.PathLike, *, step: int) -> Manifest:
     """Make ``adapters/`` hold the stored revision of ``step`` (byte-identical weights). Atomic: the artifact is
-    rewritten in a temporary sibling and renamed into place."""
+    rewritten in a temporary sibling and renamed into place. The revision is verified against its checksums first."""
     path = Path(path)
     manifest = read_manifest(path)
     source = path / "revisions" / str(step)
     if step not in manifest.revisions or not source.is_dir():
         raise ArtifactError(f"{path} has no revision for step {step}; stored revisions: {manifest.revisions}")
+    verify(path, manifest, under=(f"revisions/{step}/",))
     with _atomic_dir(path) as tmp:
         shutil.rmtree(tmp)
         shutil.copytree(path, tmp)
@@ -242,6 +392,11 @@ def rollback(path: str | os.PathLike, *, step: int) -> Manifest:
         shutil.copytree(source, tmp / "adapters")
         event = {"kind": "rollback", "to_step": step, "from_step": manifest.revision_step,
                  "at": _dt.datetime.now(_dt.timezone.utc).isoformat()}
-        manifest = manifest.model_copy(update={"revision_step": step, "events": [*manifest.events, event]})
+        checksums = manifest.checksums
+        if checksums:
+            checksums = {k: v for k, v in checksums.items() if not k.startswith("adapters/")}
+            checksums.update(_checksums(tmp, "adapters"))
+        manifest = manifest.model_copy(update={"revision_step": step, "events": [*manifest.events, event],
+                                               "checksums": checksums})
         (tmp / "manifest.json").write_text(manifest.model_dump_json(indent=2))
     return manifest

@@ -4,7 +4,8 @@ runs it), registered in ``COMMANDS``. To add a subcommand, write the pair and ad
 Subcommands:
 - ``wfc inspect PROGRAM``: run a few traced rollouts of a program and print its calls and role graph.
 - ``wfc compile PROGRAM --task T --out DIR``: train with mmGRPO and save an artifact.
-- ``wfc run DIR --input field=value``: run an artifact.
+- ``wfc run DIR --input field=value``: run an artifact (``--trust-code`` lets the artifact's own code run,
+  ``--program SPEC`` builds the program from yours; likewise for ``serve``).
 - ``wfc plan PROGRAM``: the backend decision and its reasons, without training.
 - ``wfc rollback DIR --step N``: restore an earlier evaluated adapter revision.
 - ``wfc serve DIR``: serve an artifact over HTTP (workflow runs, OpenAI-compatible chat per role).
@@ -149,10 +150,30 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m", help="base model [smollm2-135m]")
     p.add_argument("--backend", default="shared",
                    help="shared | isolated | auto | JSON dict role -> adapter group [shared]")
-    p.add_argument("--engine", default="hf", choices=["hf", "vllm"],
-                   help="rollout engine: hf, or vllm (the vllm extra; adapter-only hand-off each step) [hf]")
+    _engine_args(p, help="rollout engine: hf, vllm (the vllm extra; adapter-only hand-off each step), or "
+                         "vllm-server (running vLLM servers: --server / --launch-servers) [hf]")
     p.add_argument("--out", required=True, help="artifact directory to write")
     p.add_argument("--run-dir", default=None, help="where metrics.jsonl and curves go [runs/<time>]")
+
+
+def _engine_args(p: argparse.ArgumentParser, *, help: str) -> None:
+    """``--engine`` and the vllm-server engine's options (shared by compile and plan)."""
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm", "vllm-server"], help=help)
+    p.add_argument("--server", action="append", default=[], metavar="URL",
+                   help="vllm-server engine: a running `vllm serve BASE --enable-lora --logprobs-mode "
+                        "processed_logprobs` with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, on this machine or one "
+                        "sharing a filesystem; repeat for several (requests are spread, dead servers skipped)")
+    p.add_argument("--launch-servers", type=_positive_int, default=None, metavar="N",
+                   help="vllm-server engine: start N local vLLM servers on the model, stopped at the end "
+                        "[1 when no --server is given]")
+
+
+def _engine_kwargs(args: argparse.Namespace) -> dict:
+    if args.engine != "vllm-server":
+        if args.server or args.launch_servers:
+            raise UsageError("--server and --launch-servers need --engine vllm-server")
+        return {}
+    return {"servers": args.server, "launch": args.launch_servers}
 
 
 def _read_jsonl(path: str, inputs: list[str]) -> list:
@@ -224,7 +245,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         backend = json.loads(backend)
     from wfc.engines import make_engine
 
-    engine = make_engine(args.engine, args.model)
+    engine = make_engine(args.engine, args.model, **_engine_kwargs(args))
     try:
         compiled = MMGRPO(metric, config=config).compile(program, trainset=trainset, valset=valset, engine=engine,
                                                          backend=backend, run_dir=args.run_dir,
@@ -246,6 +267,17 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", action="append", default=[], metavar="FIELD=VALUE", help="one program input")
     p.add_argument("--model", default=None, help="where to load the base model from [the manifest's]")
     p.add_argument("--trace", action="store_true", help="also print the rollout graph of the run")
+    _load_args(p)
+
+
+def _load_args(p: argparse.ArgumentParser) -> None:
+    """How an artifact's program is restored (see wfc.artifact.load): options of run and serve."""
+    p.add_argument("--trust-code", action="store_true",
+                   help="allow running code shipped in the artifact (its copied program source, its pickle); only "
+                        "for artifacts from someone you trust [off: only code this environment can import]")
+    p.add_argument("--program", default=None, metavar="SPEC",
+                   help="build the program from your own code instead: 'file.py:factory' (a zero-argument "
+                        "function or class returning it); its trained state is loaded from the artifact")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -260,7 +292,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         inputs[key] = value
     if not inputs:
         raise UsageError("give the program's inputs with --input FIELD=VALUE")
-    compiled = wfc.load(args.artifact, model=args.model)
+    compiled = wfc.load(args.artifact, model=args.model, trust_code=args.trust_code, program_import_path=args.program)
     graph = compiled.trace(inputs)
     if graph.status != "ok":
         raise UsageError(f"the run ended with {graph.status}: {graph.error}")
@@ -277,18 +309,31 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny", help="model to trace with [tiny]")
     p.add_argument("--task", default="arithmetic", help="task whose examples to trace [arithmetic]")
     p.add_argument("--n", type=_positive_int, default=4, help="examples to trace [4]")
+    p.add_argument("--config", help="JSON file with MMGRPOConfig fields (the trace uses its temperature, "
+                                    "max_tokens, auto_* settings), as for compile")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override one config field (JSON value), e.g. --set auto_trace_repeats=2")
+    _engine_args(p, help="engine to trace on: hf, vllm or vllm-server (see `wfc compile -h`) [hf]")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     _quiet_libraries(debug=args.debug)
+    from pydantic import ValidationError
+
+    from compilers import MMGRPOConfig
     from compilers.auto import plan
     from wfc.engines import make_engine
     from wfc.imports import load_program
 
     program = load_program(args.program)
-    engine = make_engine("hf", args.model)
     try:
-        decision = plan(program, task_examples(args.task, args.n), engine)
+        config = MMGRPOConfig(**_config_overrides(args))
+    except ValidationError as exc:
+        raise UsageError(f"bad config: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
+    examples = task_examples(args.task, args.n)
+    engine = make_engine(args.engine, args.model, **_engine_kwargs(args))
+    try:
+        decision = plan(program, examples, engine, config=config, seed=config.seed)
     finally:
         engine.close()
     print(decision.describe())
@@ -314,11 +359,23 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("artifact", metavar="DIR", help="artifact directory written by compile")
     p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="inference engine [hf]")
     p.add_argument("--model", default=None, help="where to load the base model from [the manifest's]")
+    _load_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on [127.0.0.1]")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port) [8000]")
     p.add_argument("--max-tokens-limit", type=_positive_int, default=1024,
                    help="largest max_tokens a chat request may ask for [1024]")
-    p.add_argument("--max-concurrency", type=_positive_int, default=64, help="workflow runs in flight at once [64]")
+    p.add_argument("--max-concurrent", "--max-concurrency", dest="max_concurrent", type=_positive_int, default=64,
+                   help="requests (chat or workflow runs) worked on at once [64]")
+    p.add_argument("--max-queue", type=int, default=256,
+                   help="requests waiting for a slot; beyond them clients get 429 with Retry-After [256]")
+    p.add_argument("--request-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="a request not answered within this is cancelled and answered 504 [300]")
+    p.add_argument("--max-body-bytes", type=_positive_int, default=1 << 20,
+                   help="largest request body; more is a 413, refused before it is read [1048576]")
+    p.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="a body not fully received within this is a 408 (slow clients) [30]")
+    p.add_argument("--max-prompt-tokens", type=_positive_int, default=None,
+                   help="largest prompt in tokens; more is a 400 [the model's context length]")
     p.add_argument("--api-key-env", default=None, metavar="NAME",
                    help="environment variable holding the API key clients send as 'Authorization: Bearer KEY' "
                         "[WFC_API_KEY; no key when it is unset]")
@@ -333,6 +390,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     api_key = os.environ.get(name) or None
     if args.api_key_env and api_key is None:
         raise UsageError(f"--api-key-env {name}: that environment variable is unset or empty; export the key in it")
+    from wfc.serve_limits import ServeLimits
+
+    try:
+        limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
+                             max_concurrent=args.max_concurrent, max_queue=args.max_queue,
+                             request_timeout_s=args.request_timeout, body_timeout_s=args.body_timeout)
+    except ValueError as exc:
+        raise UsageError(f"serve limits: {exc}") from None
     from wfc.artifact import read_manifest
 
     read_manifest(args.artifact)  # a wrong directory fails first, before any output and before the model loads
@@ -342,8 +407,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"wfc serve: {'API key from $' + name if api_key else 'no API key: every client is served'}",
           file=sys.stderr)
     serve(args.artifact, engine=args.engine, model=args.model, host=args.host, port=args.port, api_key=api_key,
-          max_tokens_limit=args.max_tokens_limit, max_concurrency=args.max_concurrency,
-          log_level="debug" if args.debug else "info")
+          max_tokens_limit=args.max_tokens_limit, limits=limits, log_level="debug" if args.debug else "info",
+          trust_code=args.trust_code, program_import_path=args.program)
     return 0
 
 

@@ -7,21 +7,33 @@ Routes (every one but ``/health`` requires ``Authorization: Bearer <key>`` when 
 - ``POST /v1/chat/completions``: OpenAI-compatible chat on one role. ``model`` is a role path (routed to that role's
   adapter, as the workflow would), an adapter name, or the base model (no adapter). Unset sampling fields take the
   artifact's sampling settings (``manifest.sampling``), so a plain request reproduces the role's own calls.
+  ``stream=true`` answers server-sent events in OpenAI's format (``chat.completion.chunk`` objects, one content
+  delta per completion token, then ``data: [DONE]``). The engines return whole completions (they batch requests
+  and have no token callback), so the events are sent once the completion is generated: a client sees the format
+  it expects, not an earlier first token.
 - ``GET /v1/models``: those model names in OpenAI's list shape. ``GET /v1/programs``: the program and its inputs.
-- ``GET /health``: liveness and what is served.
+- ``GET /v1/stats``: load and counters (:class:`wfc.serve_limits.ServeStats`). ``GET /health``: liveness, what is
+  served, and the current load.
 
-Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 401 (API key), 404 (unknown
-program or model), 400 (a request the server refuses: ``max_tokens`` above the server's limit, streaming), 422 (a
-body that does not validate, missing or unknown program inputs), 500 (the engine failed, or the run ended in a
-``format_error`` / ``crash``; the body then says which).
+Limits (:mod:`wfc.serve_limits`, set by :class:`ServeLimits`): body size and body time, prompt tokens (at most the
+model's context), a bounded queue (``max_concurrent`` working, ``max_queue`` waiting), a per-request timeout; a
+client that disconnects gives its slot back and its pending engine calls are withdrawn.
+
+Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``: 400 (a request the server refuses:
+``max_tokens`` above the server's limit, a prompt over the token limit), 401 (API key), 404 (unknown program or
+model), 408 (the body came too slowly), 413 (the body is too large), 422 (a body that does not validate, missing or
+unknown program inputs), 429 (the queue is full; ``Retry-After`` says when to retry), 500 (the run ended in a
+``format_error`` / ``crash``; the body says which), 503 (the engine raised; the server stays up), 504 (the request
+timed out).
 
 Concurrency: the engine batches requests that are in flight together (``HFEngine`` collects its queue), so nothing
 here serialises requests. Chat requests are submitted and awaited as futures (no thread is held while a completion
-is generated); a program run blocks a thread of the app's own pool (``max_concurrency`` runs at once, the rest wait
-their turn) and its role calls reach the engine from there, fan-out included.
+is generated); a program run blocks a thread of the app's own pool (``max_concurrent`` threads) and its role calls
+reach the engine from there, fan-out included, through the request's :class:`RequestWork` (so they can be
+withdrawn).
 
 Invariants: the app never mutates the artifact or the engine's adapters; a chat completion on a role is the request
-that role's call would make, so greedy answers equal ``engine.generate`` with that adapter.
+that role's call would make, so greedy answers equal ``engine.generate`` with that adapter, streamed or not.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import hmac
 import inspect
@@ -42,14 +55,16 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from wfc.engines.base import GenerationRequest, SamplingParams
+from wfc.lower import trace
+from wfc.serve_limits import (APIError, BodyLimit, Gate, PromptCounter, RequestCancelled, RequestWork, ServeLimits,
+                              ServeStats, context_length, error_response)
 
 DEFAULT_MAX_TOKENS_LIMIT = 1024
-DEFAULT_MAX_CONCURRENCY = 64
 MAX_CHOICES = 16  # ``n`` per chat request; more is a client bug, not a workload
 MAX_STOPS = 4  # OpenAI's own limit on stop strings
 
@@ -72,6 +87,12 @@ class ChatMessage(BaseModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
 class ChatCompletionRequest(BaseModel):
     """OpenAI's chat request, the fields this server honours. Other OpenAI fields are accepted and ignored, so
     stock clients work; unset sampling fields take the artifact's sampling settings."""
@@ -87,6 +108,7 @@ class ChatCompletionRequest(BaseModel):
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
+    stream_options: StreamOptions | None = None
 
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -101,22 +123,6 @@ class ProgramRequest(BaseModel):
 
 
 # ----- errors ---------------------------------------------------------------------------------------------------------
-class APIError(Exception):
-    """A request the server answers with ``status`` and an OpenAI-shaped error body."""
-
-    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, extra: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
-        self.extra = extra or {}
-
-    def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code},
-                **self.extra}
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(body, status_code=self.status, headers=headers)
-
-
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors():
@@ -189,14 +195,48 @@ def graph_view(graph) -> dict[str, Any]:
     return _jsonable(view)
 
 
+# ----- streaming ------------------------------------------------------------------------------------------------------
+def text_pieces(text: str, ids: list[int], tokenizer) -> list[str]:
+    """``text`` cut into one piece per completion token (a token that ends inside a character joins the next one);
+    the pieces always join to ``text``. Without a tokenizer, one piece."""
+    if tokenizer is None or not ids:
+        return [text] if text else []
+    pieces, emitted = [], ""
+    for k in range(1, len(ids) + 1):
+        so_far = tokenizer.decode(ids[:k], skip_special_tokens=True)
+        if len(so_far) > len(emitted) and so_far.startswith(emitted) and not so_far.endswith("\ufffd"):
+            pieces.append(so_far[len(emitted):])
+            emitted = so_far
+    if not text.startswith(emitted):
+        return [text] if text else []
+    return pieces + ([text[len(emitted):]] if len(text) > len(emitted) else [])
+
+
+def sse_events(head: dict[str, Any], gens, tokenizer, usage: dict[str, int] | None):
+    """OpenAI's chat stream of whole generations ``gens``: per choice a role delta, content deltas and a finish;
+    then usage when asked (``stream_options.include_usage``), then ``[DONE]``. Yields ``data:`` lines."""
+    def event(choices, **more) -> str:
+        return f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', 'choices': choices, **more})}\n\n"
+
+    for i, gen in enumerate(gens):
+        yield event([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                      "finish_reason": None}])
+        for piece in text_pieces(gen.text, gen.completion_ids, tokenizer):
+            yield event([{"index": i, "delta": {"content": piece}, "logprobs": None, "finish_reason": None}])
+        yield event([{"index": i, "delta": {}, "logprobs": None, "finish_reason": gen.finish_reason}])
+    if usage is not None:
+        yield event([], usage=usage)
+    yield "data: [DONE]\n\n"
+
+
 # ----- the app --------------------------------------------------------------------------------------------------------
 def create_app(compiled, *, api_key: str | None = None, max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT,
-               max_concurrency: int = DEFAULT_MAX_CONCURRENCY) -> FastAPI:
+               limits: ServeLimits | None = None) -> FastAPI:
     """A FastAPI app serving ``compiled`` (a loaded :class:`wfc.CompiledProgram`) on its own engine.
 
     ``api_key``: when set, every route but ``/health`` requires ``Authorization: Bearer <api_key>``.
     ``max_tokens_limit``: the largest ``max_tokens`` a chat request may ask for (more is a 400).
-    ``max_concurrency``: program runs in flight at once (threads of the app's pool); chat requests hold no thread.
+    ``limits``: body size, prompt tokens, queue, timeouts (:class:`ServeLimits`; its defaults when ``None``).
     The app does not own the engine: whoever built it closes it.
     """
     if api_key is not None and not api_key:
@@ -205,24 +245,43 @@ def create_app(compiled, *, api_key: str | None = None, max_tokens_limit: int = 
         SamplingParams(max_tokens=max_tokens_limit)
     except ValidationError as exc:
         raise ValueError(f"max_tokens_limit={max_tokens_limit} is out of range: {exc.errors()[0]['msg']}") from None
-    if max_concurrency < 1:
-        raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+    limits = limits or ServeLimits()
     manifest, engine = compiled.manifest, compiled.engine
+    context = context_length(engine)
+    if limits.max_prompt_tokens is not None and context is not None and limits.max_prompt_tokens > context:
+        raise ValueError(f"max_prompt_tokens={limits.max_prompt_tokens} is above the model's context of {context} "
+                         "tokens; pass at most that, or None for the context itself")
+    max_prompt_tokens = limits.max_prompt_tokens or context
+    count = PromptCounter(engine)
     routes = model_routes(manifest)
     inputs = program_inputs(compiled.program)
     defaults = compiled.sampling()
     created = int(time.time())
-    pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="wfc-serve")
+    pool = ThreadPoolExecutor(max_workers=limits.max_concurrent, thread_name_prefix="wfc-serve")
+    stats = ServeStats()
+    gate = Gate(limits, stats)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
         pool.shutdown(wait=False, cancel_futures=True)
 
-    async def in_pool(fn, *args):
+    async def in_pool(fn, *args, **kwargs):
         # a copy of the caller's context, so dspy.context settings follow the call onto the worker thread
-        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(pool, call)
+
+    async def guarded(raw: Request, work):
+        """``work(job)`` through the gate (queue, timeout, disconnect); an engine that raised is a 503."""
+        job = RequestWork(engine, count=count, max_prompt_tokens=max_prompt_tokens, context=context)
+        try:
+            return job, await gate.run(raw.receive, work, job)
+        except (APIError, RequestCancelled, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            stats.outcomes["engine_error"] += 1
+            raise APIError(503, f"the engine failed: {type(exc).__name__}: {exc}; the server is still up, retry",
+                           kind="server_error", code="engine_error") from exc
 
     async def check_key(authorization: str | None = Header(None)) -> None:
         if api_key is None:
@@ -239,13 +298,17 @@ def create_app(compiled, *, api_key: str | None = None, max_tokens_limit: int = 
         return name
 
     app = FastAPI(title=f"wfc: {manifest.name}", lifespan=lifespan)
-    app.state.compiled = compiled
-    app.state.pool = pool
+    app.add_middleware(BodyLimit, limits=limits, stats=stats)
+    app.state.compiled, app.state.pool, app.state.stats, app.state.limits = compiled, pool, stats, limits
     api = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
 
     @app.exception_handler(APIError)
     async def _api_error(_request: Request, exc: APIError):
         return exc.response()
+
+    @app.exception_handler(RequestCancelled)
+    async def _cancelled(_request: Request, _exc: RequestCancelled):
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError):
@@ -256,10 +319,21 @@ def create_app(compiled, *, api_key: str | None = None, max_tokens_limit: int = 
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return APIError(exc.status_code, str(exc.detail), kind=kind).response()
 
+    @app.exception_handler(Exception)
+    async def _bug(_request: Request, exc: Exception):
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")
+
     @app.get("/health")
     async def health():
         return {"status": "ok", "program": manifest.name, "base_model": manifest.base_model,
-                "roles": manifest.roles, "engine": type(engine).__name__}
+                "roles": manifest.roles, "engine": type(engine).__name__,
+                "load": {"active": stats.active, "waiting": stats.waiting, "max_concurrent": limits.max_concurrent,
+                         "max_queue": limits.max_queue}}
+
+    @api.get("/stats")
+    async def server_stats():
+        return {**stats.view(), "limits": {**dataclasses.asdict(limits), "max_prompt_tokens": max_prompt_tokens,
+                                           "context_length": context, "max_tokens_limit": max_tokens_limit}}
 
     @api.get("/models")
     async def list_models():
@@ -276,10 +350,21 @@ def create_app(compiled, *, api_key: str | None = None, max_tokens_limit: int = 
                                             "roles": manifest.roles}]}
 
     @api.post("/programs/{name}")
-    async def run_program(body: ProgramRequest, name: str = Depends(known_program)):
+    async def run_program(body: ProgramRequest, raw: Request, name: str = Depends(known_program)):
         inputs.check(body.inputs)
-        graph = await in_pool(compiled.trace, dict(body.inputs))  # trace never raises: failures are its status
+
+        async def work(job: RequestWork):  # trace never raises: failures are its status, the causes are on job
+            return await in_pool(trace, compiled.program, dict(body.inputs), job, adapters=compiled.roles,
+                                 sampling=defaults)
+
+        job, graph = await guarded(raw, work)
+        if job.refused is not None:
+            raise job.refused
         view = {"graph": graph_view(graph)} if body.return_graph else {}
+        if graph.status == "crash" and job.engine_error is not None:
+            stats.outcomes["engine_error"] += 1
+            raise APIError(503, f"the engine failed: {type(job.engine_error).__name__}: {job.engine_error}; the "
+                                "server is still up, retry", kind="server_error", code="engine_error", extra=view)
         if graph.status != "ok":
             raise APIError(500, f"the run ended with {graph.status}: {graph.error}", kind=graph.status,
                            code="run_failed", extra=view)
@@ -287,9 +372,7 @@ def create_app(compiled, *, api_key: str | None = None, max_tokens_limit: int = 
                 "outputs": _jsonable(graph.outputs), **view}
 
     @api.post("/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest):
-        if body.stream:
-            raise APIError(400, "streaming is not supported: send stream=false", param="stream")
+    async def chat_completions(body: ChatCompletionRequest, raw: Request):
         if body.model not in routes:
             raise APIError(404, f"unknown model {body.model!r}; this server has {list(routes)} (roles, adapters, "
                                 "the base model)", kind="not_found_error", param="model", code="model_not_found")
@@ -307,23 +390,27 @@ def create_app(compiled, *, api_key: str | None = None, max_tokens_limit: int = 
         request = GenerationRequest(messages=tuple(m.as_dict() for m in body.messages), adapter=routes[body.model],
                                     sampling=sampling)
 
-        async def one():
-            # submit off the event loop (an engine may tokenise there), then await the future without a thread
-            return await asyncio.wrap_future(await in_pool(engine.submit, request))
+        async def work(job: RequestWork):
+            # count and submit off the event loop (tokenising a long prompt takes a while), then await the futures
+            futures = await in_pool(lambda: [job.submit(request) for _ in range(body.n)])
+            return await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
 
-        try:
-            gens = await asyncio.gather(*(one() for _ in range(body.n)))
-        except Exception as exc:
-            raise APIError(500, f"the engine failed: {type(exc).__name__}: {exc}", kind="server_error") from exc
+        _job, gens = await guarded(raw, work)
         prompt_tokens = len(gens[0].prompt_ids)
         completion_tokens = sum(len(g.completion_ids) for g in gens)
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens}
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            events = sse_events(head, gens, getattr(engine, "tokenizer", None), usage if include_usage else None)
+            return StreamingResponse(events, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.model,
+            **head, "object": "chat.completion",
             "choices": [{"index": i, "message": {"role": "assistant", "content": g.text}, "logprobs": None,
                          "finish_reason": g.finish_reason} for i, g in enumerate(gens)],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
+            "usage": usage,
         }
 
     app.include_router(api)
@@ -367,9 +454,11 @@ class ServerThread:
 
 def serve(path, *, engine: str = "hf", model: str | None = None, host: str = "127.0.0.1", port: int = 8000,
           api_key: str | None = None, max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT,
-          max_concurrency: int = DEFAULT_MAX_CONCURRENCY, log_level: str = "info") -> None:
+          limits: ServeLimits | None = None, log_level: str = "info", trust_code: bool = False,
+          program_import_path: str | None = None) -> None:
     """Load the artifact at ``path`` on a new ``engine`` (``hf`` or ``vllm``) and serve it until interrupted.
-    ``model`` overrides where the base weights come from (its checksum must still match the manifest's)."""
+    ``model`` overrides where the base weights come from (its checksum must still match the manifest's);
+    ``limits``: see :class:`ServeLimits`; ``trust_code``, ``program_import_path``: see :func:`wfc.artifact.load`."""
     import uvicorn
 
     from wfc.artifact import load, read_manifest
@@ -378,9 +467,8 @@ def serve(path, *, engine: str = "hf", model: str | None = None, host: str = "12
     manifest = read_manifest(path)  # a wrong directory fails here, before a model loads
     built = make_engine(engine, model or manifest.base_model)
     try:
-        compiled = load(path, engine=built)
-        app = create_app(compiled, api_key=api_key, max_tokens_limit=max_tokens_limit,
-                         max_concurrency=max_concurrency)
+        compiled = load(path, engine=built, trust_code=trust_code, program_import_path=program_import_path)
+        app = create_app(compiled, api_key=api_key, max_tokens_limit=max_tokens_limit, limits=limits)
         uvicorn.run(app, host=host, port=port, log_level=log_level)
     finally:
         built.close()

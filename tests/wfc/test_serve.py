@@ -123,7 +123,6 @@ def test_request_errors_are_clear_4xx(client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
     assert "limit of 32" in r.json()["error"]["message"]
     assert chat(client, "gpt-4").status_code == 404
-    assert chat(client, "voter", stream=True).status_code == 400
     assert chat(client, "voter", []).status_code == 422
     assert chat(client, "voter", temperature=-1).status_code == 422
     assert client.post("/v1/chat/completions", json={"messages": MESSAGES}).status_code == 422
@@ -144,7 +143,7 @@ def test_api_key_guards_every_route_but_health(compiled):
         create_app(compiled, api_key="")
 
 
-def test_failed_runs_and_engine_failures_are_500_with_the_reason(fake_engine):
+def test_failed_runs_are_500_and_engine_failures_503_with_the_reason(fake_engine):
     from programs import Voting
 
     def script(request):
@@ -159,7 +158,7 @@ def test_failed_runs_and_engine_failures_are_500_with_the_reason(fake_engine):
     assert r.status_code == 500 and body["error"]["type"] in ("format_error", "crash"), body
     assert [c["status"] for c in body["graph"]["calls"]] == ["format_error"] * 2
     r = chat(client, "voter", [{"role": "user", "content": "boom"}])
-    assert r.status_code == 500 and "engine on fire" in r.json()["error"]["message"]
+    assert r.status_code == 503 and "engine on fire" in r.json()["error"]["message"]
 
 
 def test_program_inputs_from_forward_or_roles():

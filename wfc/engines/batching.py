@@ -6,7 +6,8 @@ then handed to the subclass's ``_generate_batch`` grouped by sampling settings.
 
 Invariants:
 - every submitted future is resolved exactly once, with a result or with the batch's exception; the worker survives
-  a failing batch;
+  a failing batch; a future its caller cancelled before its batch started is dropped unrun (a server withdraws the
+  calls of an abandoned request this way);
 - greedy requests with identical (messages, adapter) are generated once and each caller gets its own copy, since
   greedy decoding is a function of those two.
 """
@@ -89,7 +90,8 @@ class BatchingEngine:
                 batch.append(nxt)
             by_sampling: dict[SamplingParams, list] = {}
             for request, future in batch:
-                by_sampling.setdefault(request.sampling, []).append((request, future))
+                if future.set_running_or_notify_cancel():  # False: cancelled while queued, nobody waits for it
+                    by_sampling.setdefault(request.sampling, []).append((request, future))
             for sampling, items in by_sampling.items():
                 keys_of = [dedup_key(request, sampling, i) for i, (request, _) in enumerate(items)]
                 unique: dict = {}

@@ -16,9 +16,13 @@ What is enforced, on every run (Linux):
 
 What is enforced when the host permits it (each reported in :class:`SandboxResult`):
 
-- ``network_isolated``: a new network namespace (``unshare(CLONE_NEWNET)``; needs root or unprivileged user
-  namespaces). It has no usable interface, so every connection fails, to 127.0.0.1 too. When not permitted the
-  program runs with the host's network and the result says ``network_isolated=False``.
+- ``network_namespace``: a new network namespace (``unshare(CLONE_NEWNET)``; needs root with CAP_SYS_ADMIN or
+  unprivileged user namespaces). It has no usable interface, so every connection fails, to 127.0.0.1 too.
+- ``sockets_blocked``: a seccomp filter (with ``no_new_privs``) refuses ``socket(2)`` for every address family,
+  ``io_uring_setup`` and ``pidfd_getfd`` with EACCES, and every syscall of a foreign ABI (x86_64 and aarch64; other
+  machines go without). ``socketpair(2)`` still works. It needs no privilege, so it is the network layer of hosts
+  without namespaces (a default Docker container), and a second one elsewhere: a namespace alone does not stop a
+  connection to a world-writable unix socket file. ``network_isolated`` is true when either layer is in place.
 - ``pid_isolated``: a new PID namespace whose PID 1 is the sandbox's own ``init``; when it exits, the kernel kills
   every process the program started, even ones that called ``setsid()`` to leave the process group. Without it,
   such an escaped process survives the group kill.
@@ -26,17 +30,51 @@ What is enforced when the host permits it (each reported in :class:`SandboxResul
   supplementary groups). Only then does ``RLIMIT_NPROC`` stop fork bombs (the kernel exempts uid 0 from it), and only
   then are root-only files (the host's private temp dirs, ``/proc/<pid>/environ`` of host processes) out of reach.
   This needs an interpreter that ``nobody`` can execute; :func:`sandbox_python` picks one. When the host is not root
-  the program runs as the host's user, to which ``RLIMIT_NPROC`` applies anyway.
+  the program runs as the host's user, to which ``RLIMIT_NPROC`` applies anyway; its namespaces then come with a user
+  namespace, which also puts the host's processes out of ptrace reach (``/proc/<pid>/environ``, ``mem``, ``fd``).
+
+Threat model: the program is model-written Python that may, by accident or by reward hacking, do anything Python
+can. No Python syntax is blocked (walking ``object.__subclasses__()``, fresh ``__builtins__``, ``importlib.reload``
+and ``ctypes`` all reach ``os`` and libc); what is contained is the *effect*. Which layer contains which escape
+(``tests/tasks/test_sandbox_escapes.py`` runs each with and without namespaces):
+
+=====================================================  ============================================================
+escape                                                 contained by
+=====================================================  ============================================================
+read the host's secrets: ``os.environ``, the          the minimal environment (always); the host's
+environ of self and parent, ``/proc/<host pid>/        ``/proc/<pid>/*``: ``nobody`` (root host) or the user
+environ`` or ``mem``                                   namespace (non-root host)
+forge the report, read/write runner or init memory     ``PR_SET_DUMPABLE=0`` on runner and init (always; a root
+                                                       program keeps CAP_SYS_PTRACE)
+write/chmod/delete host files, the host's cwd,         ``nobody`` (root host); the private 0711 outer dir for
+``..``; inherited descriptors                          ``..``; ``close_fds`` for descriptors (always)
+connect to loopback TCP, abstract or file unix         network namespace and/or the socket filter
+sockets, by any import trick or a raw syscall
+kill the host, its other processes, ``kill(-1)``       PID namespace (host pids do not exist inside; init, PID 1,
+                                                       ignores SIGKILL from inside) and/or ``nobody``
+fork / ``subprocess`` / shell bombs                    ``RLIMIT_NPROC`` (``nobody`` or a non-root host), the group
+                                                       kill and the PID namespace for cleanup
+memory bomb, endless loop, endless output              ``RLIMIT_AS`` per process, ``RLIMIT_CPU`` per process and the
+                                                       deadline, the output cap (always)
+segfaults and ``ctypes`` memory writes                 a separate process: status ``crashed`` (always)
+=====================================================  ============================================================
 
 What is **not** prevented: reading world-readable files; writing wherever the program's user may write (as
-``nobody``: world-writable dirs such as ``/tmp``, each file capped by ``RLIMIT_FSIZE``); signalling other processes of
-the same user outside a PID namespace; CPU contention (no cgroups). ``RLIMIT_NPROC`` counts every process of the
-user on the machine, so concurrent sandboxes share it. This is a guard against accidents and sloppy model output,
-not a security boundary against a determined attacker: use a VM or gVisor for that.
+``nobody``: world-writable dirs such as ``/tmp``, each file capped by ``RLIMIT_FSIZE``, left behind after the run);
+without a PID namespace, signalling processes of the same user (as ``nobody``: other sandboxes, including by
+``kill(-1)``; a killed ``init`` is reported as ``crashed``); CPU contention and total memory (no cgroups: a run may
+hold ``max_processes`` times ``memory_bytes``). ``RLIMIT_NPROC`` counts every process of the user on the machine,
+so concurrent sandboxes share it, and without a PID namespace so do the killed processes of earlier runs until the
+host's PID 1 reaps them (a second or two after a fork bomb): a run that cannot start meanwhile is ``crashed``. Hosts with neither root nor namespaces get none of
+the process and file layers: the program runs as the host's user, next to it. A root host whose interpreter
+``nobody`` cannot run gets no file or ``/proc`` layer (the program is root). This is a guard against accidents and
+sloppy or reward-hacking model output, not a security boundary against a determined attacker (kernel exploits are
+out of scope): use a VM or gVisor for that.
 
 Mechanics: the host starts ``sandbox_runner.py`` (no ``preexec_fn``, so :func:`run_python` is safe to call from
-several threads at once); the runner applies the limits, enters the namespaces, drops privileges and reports what it
-achieved on a private pipe (see its docstring). Linux only.
+several threads at once); the runner applies the limits, enters the namespaces, drops privileges, makes itself
+undumpable, installs the socket filter and reports what it achieved on a private pipe (see its docstring). Linux
+only.
 """
 
 from __future__ import annotations
@@ -83,7 +121,8 @@ class SandboxLimits(BaseModel):
     max_file_bytes: int = Field(16 << 20, ge=0, description="RLIMIT_FSIZE: largest file the program may write")
     max_open_files: int = Field(256, ge=16, description="RLIMIT_NOFILE")
     max_output_bytes: int = Field(10_000, ge=0, description="bytes of stdout and of stderr kept, each")
-    isolate_network: bool = True
+    isolate_network: bool = Field(True, description="a network namespace where permitted, and the socket filter")
+    namespaces: bool = Field(True, description="try network/PID namespaces; False tests the layers left without")
     drop_privileges: bool = True
 
 
@@ -105,7 +144,9 @@ class SandboxResult(BaseModel):
     stdout_truncated: bool
     stderr_truncated: bool
     duration_s: float
-    network_isolated: bool
+    network_isolated: bool = Field(description="network_namespace or sockets_blocked: no connection can be made")
+    network_namespace: bool
+    sockets_blocked: bool = Field(description="the seccomp filter refusing socket(2) is in place")
     pid_isolated: bool
     privileges_dropped: bool
     reason: str | None = None
@@ -329,6 +370,7 @@ def _run_in(work: str, python: str, limits: SandboxLimits, drop: bool) -> Sandbo
         "env": _minimal_env(work),
         "rlimits": _rlimits(limits),
         "isolate_network": limits.isolate_network,
+        "namespaces": limits.namespaces,
         "uid": NOBODY if drop else None,
         "gid": NOBODY if drop else None,
         "report_fd": report_w,
@@ -373,7 +415,9 @@ def _run_in(work: str, python: str, limits: SandboxLimits, drop: bool) -> Sandbo
         stdout_truncated=out.total > len(out.kept),
         stderr_truncated=err.total > len(err.kept),
         duration_s=duration,
-        network_isolated=bool(setup.get("network_isolated", False)),
+        network_isolated=bool(setup.get("network_namespace") or setup.get("sockets_blocked")),
+        network_namespace=bool(setup.get("network_namespace", False)),
+        sockets_blocked=bool(setup.get("sockets_blocked", False)),
         pid_isolated=bool(setup.get("pid_isolated", False)),
         privileges_dropped=bool(setup.get("privileges_dropped", False)),
         reason=reason,
