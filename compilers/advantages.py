@@ -200,3 +200,21 @@ def no_signal_rate(groups: Iterable[GroupAdvantage]) -> float:
     if not flags:
         raise ValueError("no_signal_rate needs at least one group; got none")
     return sum(flags) / len(flags)
+
+
+def role_scales(advantages: Iterable[tuple[str, Sequence[float]]], *, eps: float = DEFAULT_EPS) -> dict[str, float]:
+    """Per-role advantage normalisation (Dr.MAS / AgentRL): role -> the factor that gives its advantages unit RMS.
+
+    ``advantages`` is ``(role, one group's advantages)`` for every group of a step. A role's RMS is taken over the
+    members of its groups *with signal* (zero-variance groups are all-zero and would only shrink it); a role with no
+    such group gets 1.0, so exact zeros stay zeros. Why: with one shared adapter, a role whose rewards vary on a
+    larger scale (a verifier's 0/1 next to a partial-credit score) would otherwise hold most of the gradient.
+    """
+    sums: dict[str, list[float]] = {}
+    for role, values in advantages:
+        vals = [float(a) for a in values]
+        acc = sums.setdefault(role, [0.0, 0.0])
+        if any(a != 0.0 for a in vals):
+            acc[0] += math.fsum(a * a for a in vals)
+            acc[1] += len(vals)
+    return {role: (1.0 / (math.sqrt(sq / n) + eps) if n else 1.0) for role, (sq, n) in sums.items()}

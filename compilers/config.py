@@ -42,10 +42,34 @@ class MMGRPOConfig(BaseModel):
     format_failure_score: float = Field(-0.5, description="reward of a call whose output failed to parse")
     metric_failure_score: float | None = Field(
         None, description="reward when the metric raises or returns NaN; None makes that an error")
-    credit: str = Field("inherit", description="inherit | own_output (see compilers.credit)")
+    credit: str = Field("inherit", description="inherit | own_output | verified (see compilers.credit)")
     # grouping and advantages
     grouping: Literal["truncate", "fill", "ragged"] = "ragged"
     advantage: str = Field("dr_grpo", description="grpo | dr_grpo | rloo | mc_grpo")
+    role_advantage_norm: bool = Field(
+        False, description="scale each role's advantages to unit RMS over the step (Dr.MAS): no role's reward scale "
+                           "dominates a shared adapter")
+    # which examples a step trains on (compilers.sampling)
+    dynamic_sampling: bool = Field(
+        False, description="DAPO: drop examples whose groups all have equal rewards and draw replacements until the "
+                           "step holds examples_per_step examples with signal (bounded by max_draw_rounds)")
+    max_draw_rounds: int = Field(3, ge=1, description="rollout rounds per step at most (dynamic sampling's budget)")
+    max_rollout_tokens: int | None = Field(
+        None, ge=1, description="stop training once rollouts (bootstrap included) generated this many completion "
+                                "tokens: compares recipes at an equal budget")
+    pass_band: tuple[float, float] | None = Field(
+        None, description="(lo, hi): skip examples whose running pass rate is <= lo or >= hi; hard ones are replayed")
+    replay_after: int = Field(4, ge=1, description="steps before a too-hard example is drawn again")
+    curriculum_steps: int = Field(0, ge=0, description="grow the drawn pool easiest-first to the whole set by this step")
+    curriculum_key: str | None = Field(
+        None, description="example field giving difficulty for the curriculum (None: trainset order is easiest first)")
+    curriculum_start: float = Field(0.3, gt=0.0, le=1.0, description="share of the pool open at step 0")
+    # prompt optimization composed with weight training (compilers.prompts; BetterTogether)
+    strategy: Literal["w", "p", "p -> w"] = Field(
+        "w", description="w: weights only; p: few-shot demos only; 'p -> w': bootstrap demos per role, then weights")
+    demos_per_role: int = Field(2, ge=0, description="bootstrapped demonstrations per role (strategy p)")
+    bootstrap_examples: int = Field(32, ge=1, description="trainset examples run to bootstrap demonstrations")
+    bootstrap_repeats: int = Field(2, ge=1, description="sampled runs per bootstrap example (greedy first)")
     # update
     learning_rate: float = Field(2e-4, gt=0.0)
     inner_epochs: int = Field(1, ge=1)
@@ -97,6 +121,8 @@ class MMGRPOConfig(BaseModel):
 
         if self.advantage not in ADVANTAGES:
             raise ValueError(f"advantage={self.advantage!r} is unknown: use one of {sorted(ADVANTAGES)}")
+        if self.pass_band is not None and not (0.0 <= self.pass_band[0] < self.pass_band[1] <= 1.0):
+            raise ValueError(f"pass_band must be (lo, hi) with 0 <= lo < hi <= 1, got {self.pass_band}")
         from compilers.credit import CREDIT
 
         if self.credit not in CREDIT:

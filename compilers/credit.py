@@ -2,23 +2,60 @@
 
 Variants (a small registry, selected by ``MMGRPOConfig.credit``):
 - ``inherit``: every call inherits its rollout's reward (mmGRPO's default; nothing to do here).
-- ``own_output``: a call whose parsed outputs hold every field of the program's final outputs (a voter, a
-  generator, an optimizer: roles that answer the task themselves) is scored by the metric on its own outputs; other
-  calls inherit. Why: in Voting the reward of a rollout is decided by the aggregator, so a voter that answered right
-  in a rollout the aggregator got wrong learns "wrong", and with a weak base model almost every group is flat. Scoring
-  the voter's own answer gives it a dense, correctly attributed signal.
+- ``own_output``: a call whose parsed outputs hold every field of the program's final outputs (an *answerer*: a
+  voter, a generator, an optimizer, an aggregator) is scored by the metric on its own outputs; other calls inherit.
+  Why: in Voting the reward of a rollout is decided by the aggregator, so a voter that answered right in a rollout
+  the aggregator got wrong learns "wrong", and with a weak base model almost every group is flat. Scoring the
+  voter's own answer gives it a dense, correctly attributed signal.
+- ``verified``: ``own_output``, plus two verifiable rules read off the rollout graph (an edge ``a -> b`` means b's
+  prompt holds a's output):
+  - a *selector* (an answerer fed by other answerers, e.g. Voting's aggregator) is scored on its own answer only when
+    at least one of its inputs was correct; when none was there was nothing right to pick, and the call is left out
+    of its group (``CallNode.no_credit``) instead of learning "wrong" for it;
+  - a *judge* (a call fed by an answerer that gives no answer of its own but a verdict, e.g. EvalOpt's evaluator) is
+    scored 1 when its verdict (accept / reject) agrees with whether the judged answer was correct, else 0.
+  "Correct" means the metric gives full marks (>= 1, ``True`` included).
 
-Invariant: credit only sets ``CallNode.reward`` on calls with status ``ok`` of rollouts with status ``ok``; format
-errors and crashes keep their failure scores (``compilers.group.call_reward``).
+Invariant: credit only sets ``CallNode.reward`` / ``CallNode.no_credit`` on calls with status ``ok`` of rollouts with
+status ``ok``; format errors and crashes keep their failure scores (``compilers.group.call_reward``). The user's metric
+is called through :func:`compilers.score.call_metric` only, so a NaN or raising metric scores
+``metric_failure_score`` (or raises :class:`compilers.score.MetricError`) the same way everywhere.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import re
+from typing import Any, Callable
 
-import dspy
+from compilers.score import call_metric
+from wfc.rollout import CallNode, RolloutGraph
 
-from wfc.rollout import RolloutGraph
+FULL_MARKS = 1.0 - 1e-9
+_ACCEPT = re.compile(r"^\W*(correct|yes|accept|right|true)\b", re.I)
+_REJECT = re.compile(r"^\W*(incorrect|not|no|wrong|reject|false)\b", re.I)
+
+
+def verdict_of(value: Any) -> bool | None:
+    """Accept (True) / reject (False) / unreadable (None) for a judge's output value."""
+    if isinstance(value, bool):
+        return value
+    text = str(value or "")
+    if _REJECT.match(text):
+        return False
+    if _ACCEPT.match(text):
+        return True
+    return None
+
+
+def _answerers(metric: Callable, graph: RolloutGraph, metric_failure_score: float | None) -> dict[int, float]:
+    """Call id -> metric value on its own outputs, for every ok call that answers the task itself."""
+    fields = set(graph.outputs or {})
+    scores: dict[int, float] = {}
+    for call in graph.calls:
+        if call.status == "ok" and call.outputs and fields and fields <= set(call.outputs):
+            scores[call.id] = call_metric(metric, graph.example, {k: call.outputs[k] for k in fields},
+                                          metric_failure_score=metric_failure_score)
+    return scores
 
 
 def inherit(metric: Callable, graph: RolloutGraph, *, metric_failure_score: float | None) -> None:
@@ -28,20 +65,34 @@ def inherit(metric: Callable, graph: RolloutGraph, *, metric_failure_score: floa
 def own_output(metric: Callable, graph: RolloutGraph, *, metric_failure_score: float | None) -> None:
     if graph.status != "ok" or not graph.outputs:
         return
-    fields = set(graph.outputs)
-    example = dspy.Example(**graph.example)
+    for call_id, value in _answerers(metric, graph, metric_failure_score).items():
+        graph.graph.nodes[call_id]["call"].reward = value
+
+
+def _upstream(graph: RolloutGraph, call: CallNode, among: dict[int, float]) -> list[int]:
+    return sorted(a for a in graph.graph.predecessors(call.id) if a in among)
+
+
+def verified(metric: Callable, graph: RolloutGraph, *, metric_failure_score: float | None) -> None:
+    if graph.status != "ok" or not graph.outputs:
+        return
+    scores = _answerers(metric, graph, metric_failure_score)
     for call in graph.calls:
-        if call.status != "ok" or not call.outputs or not fields <= set(call.outputs):
+        if call.status != "ok" or not call.outputs:
             continue
-        try:
-            call.reward = float(metric(example, dspy.Prediction(**{k: call.outputs[k] for k in fields})))
-        except Exception:
-            if metric_failure_score is None:
-                raise
-            call.reward = metric_failure_score
+        fed_by = _upstream(graph, call, scores)
+        if call.id in scores:
+            call.reward = scores[call.id]
+            if fed_by and not any(scores[a] >= FULL_MARKS for a in fed_by):
+                call.no_credit = True  # a selector with nothing right to choose from
+        elif fed_by and len(call.outputs) == 1:
+            verdict = verdict_of(next(iter(call.outputs.values())))
+            if verdict is not None:
+                judged_correct = scores[fed_by[-1]] >= FULL_MARKS  # the latest answer it was shown
+                call.reward = 1.0 if verdict == judged_correct else 0.0
 
 
-CREDIT: dict[str, Callable[..., None]] = {"inherit": inherit, "own_output": own_output}
+CREDIT: dict[str, Callable[..., None]] = {"inherit": inherit, "own_output": own_output, "verified": verified}
 
 
 def get_credit(name: str) -> Callable[..., None]:

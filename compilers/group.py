@@ -3,7 +3,9 @@
 Members of a group come from the ``group_size`` rollouts of one example: the k-th call of role R in each of them.
 Each call inherits its rollout's reward unless a credit rule (``compilers.credit``) gave it its own, except:
 - a call whose output failed to parse scores ``format_failure_score`` (it stays in its group: nothing is dropped);
-- every call of a crashed rollout scores ``failure_score`` (the calls made before the crash are kept).
+- every call of a crashed rollout scores ``failure_score`` (the calls made before the crash are kept);
+- a call credit marked ``no_credit`` (nothing it could have changed, e.g. a selector shown no correct candidate) joins
+  no group.
 
 Roles called a variable number of times per rollout follow a mode (a small registry):
 - ``truncate``: keep invocation indices every rollout reached (the fewest calls);
@@ -107,6 +109,8 @@ def build_groups(rollouts: Sequence[Sequence[RolloutGraph]], *, mode: str = "rag
             for i, g in enumerate(graphs):
                 calls = []
                 for c in g.calls_of(role):
+                    if c.no_credit and c.status == "ok":
+                        continue  # credit left it out (compilers.credit): it joins no group
                     reward = call_reward(g, c, failure_score=failure_score, format_failure_score=format_failure_score)
                     if not math.isfinite(reward):
                         raise ValueError(f"non-finite reward {reward} for example {e}, role {role!r}")

@@ -18,28 +18,37 @@ an event (``metrics.jsonl`` kind ``event``, and ``manifest.events``). Every eval
 
 Log records (``metrics.jsonl``): ``plan`` (backend, role -> adapter, reasons), ``eval``, ``step`` (with per-role
 diagnostics under ``roles``, the guards in force under ``guards``, and the engine/trainer ``logprob_mismatch`` that
-``importance_correction`` acts on), ``event``.
+``importance_correction`` acts on), ``event``, ``resume`` (a resumed compile: the step it continued after).
+
+Resume (``compilers.checkpoint``): after the step-0 validation and after every step, the whole training state is
+checkpointed in ``run_dir/checkpoint/``; ``compile(..., resume=RUN_DIR)`` restores it, cuts ``metrics.jsonl`` back to
+the checkpointed records and continues with the next step. A checkpoint of another config (``steps`` aside), base
+model, plan, data, metric or program class is refused.
 """
 
 from __future__ import annotations
 
-import random
+import math
 import statistics
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import dspy
 import torch
 
-from compilers.advantages import group_advantages, no_signal_rate
-from compilers.backends import resolve_backend
+from compilers.advantages import group_advantages, no_signal_rate, role_scales
+from compilers import checkpoint as ckpt
+from compilers.backends import BackendPlan, resolve_backend
 from compilers.config import MMGRPOConfig
 from compilers.group import Group, build_groups
 from compilers.guards import adapter_learning_rates, check_role_keys, cohort_sizes, detect_cliff, fanout_weights
 from compilers.runlog import RunLog
 from compilers.credit import get_credit
-from compilers.score import score_rollout
+from compilers.prompts import apply_demos, bootstrap_demos
+from compilers.sampling import PromptSampler, signal_examples
+from compilers.score import mean_interval, score_rollout
 from compilers.offpolicy import merge_mismatch
 from compilers.update import AdapterOptimizers, update
 from wfc.artifact import CompiledProgram, Manifest, adapter_state, package_versions, restore_adapter
@@ -49,15 +58,28 @@ from wfc.rollout import RolloutGraph
 
 
 def evaluate(program: dspy.Module, examples: Sequence, engine, *, metric: Callable, adapters: Mapping[str, Any],
-             max_tokens: int, failure_score: float = 0.0, metric_failure_score: float | None = 0.0) -> dict[str, Any]:
-    """Greedy accuracy (mean metric) of ``program`` on ``examples`` with the given role -> adapter map."""
-    graphs = [g for gs in run_rollouts(program, list(examples), engine, adapters=adapters,
-                                       sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens)) for g in gs]
+             max_tokens: int, failure_score: float = 0.0, metric_failure_score: float | None = 0.0,
+             progress: bool | str = False) -> dict[str, Any]:
+    """Greedy accuracy (mean metric) of ``program`` on ``examples`` with the given role -> adapter map, with its 95%
+    confidence interval (``interval``). Every example's calls are in flight together, so the engine batches them;
+    ``progress`` (True or a label) shows a bar over finished examples."""
+    from tqdm.auto import tqdm
+
+    examples = list(examples)
+    bar = tqdm(total=len(examples), desc=progress if isinstance(progress, str) else "evaluate", leave=False,
+               disable=not progress)
+    try:
+        graphs = [g for gs in run_rollouts(program, examples, engine, adapters=adapters,
+                                           sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens),
+                                           on_done=bar.update) for g in gs]
+    finally:
+        bar.close()
     scores = [score_rollout(metric, g, failure_score=failure_score, metric_failure_score=metric_failure_score)
               for g in graphs]
     calls = [c for g in graphs for c in g.calls]
     return {
         "accuracy": sum(scores) / max(len(scores), 1),
+        "interval": mean_interval(scores),
         "n": len(scores),
         "format_error_rate": sum(c.status == "format_error" for c in calls) / max(len(calls), 1),
         "crash_rate": sum(g.status == "crash" for g in graphs) / max(len(graphs), 1),
@@ -124,9 +146,14 @@ class MMGRPO:
     def compile(self, program: dspy.Module, *, trainset: Sequence, valset: Sequence | None = None,
                 model: str = "smollm2-135m", backend: Any = "shared", engine=None,
                 run_dir: str | Path | None = None, program_import_path: str | None = None,
-                progress: bool = True) -> CompiledProgram:
-        """Train ``program``'s roles and return a :class:`CompiledProgram`. The input program is never mutated."""
+                progress: bool = True, resume: str | Path | bool | None = None) -> CompiledProgram:
+        """Train ``program``'s roles and return a :class:`CompiledProgram`. The input program is never mutated.
+
+        ``resume=RUN_DIR`` (or ``resume=True`` with ``run_dir``) continues a killed compile from the checkpoint in
+        that run directory; pass the same arguments otherwise (``steps`` may change)."""
         cfg = self.config
+        run_dir = _resume_dir(resume, run_dir)
+        resumed = ckpt.load(run_dir) if resume else None  # verified before any model work: a bad one fails fast
         role_map = roles(program)
         trainset = list(trainset)
         if not trainset:
@@ -144,7 +171,9 @@ class MMGRPO:
         check_role_keys("role_learning_rates", cfg.role_learning_rates, list(role_map))
         check_role_keys("role_max_grad_norm", cfg.role_max_grad_norm, list(role_map))
         torch.manual_seed(cfg.seed)  # HF sampling draws from torch's global generator; seed it for reproducibility
-        if isinstance(backend, str) and backend == "auto":
+        if resumed is not None and isinstance(backend, str) and backend == "auto":  # the run's own traced choice
+            plan = BackendPlan(resumed.plan["spec"], dict(resumed.plan["role_adapters"]), list(resumed.plan["reasons"]))
+        elif isinstance(backend, str) and backend == "auto":
             from compilers.auto import plan as auto_plan
 
             plan = auto_plan(student, trainset, engine, config=cfg, seed=cfg.seed)
@@ -153,23 +182,56 @@ class MMGRPO:
         else:
             plan = resolve_backend(backend, list(role_map))
         role_adapters = plan.role_adapters
+        fingerprint = ckpt.fingerprint(cfg, base_model=engine.handle.name, base_checksum=engine.handle.checksum,
+                                       role_adapters=role_adapters, trainset=trainset, valset=valset,
+                                       metric=self.metric, program=program)
+        if resumed is not None:
+            ckpt.check_fingerprint(resumed.data["fingerprint"], fingerprint, where=resumed.path)
+            if cfg.steps < resumed.step:
+                raise ValueError(f"steps={cfg.steps} but the checkpoint in {run_dir} is after step {resumed.step}: "
+                                 f"resume with steps >= {resumed.step}")
         rates = adapter_learning_rates(role_adapters, cfg.learning_rate, cfg.role_learning_rates)
         multi_role = any(list(role_adapters.values()).count(a) > 1 for a in plan.adapters)  # balancing applies
-        rng = random.Random(cfg.seed)
         credit = get_credit(cfg.credit)
+        if cfg.curriculum_key is not None and not all(cfg.curriculum_key in ex for ex in trainset):
+            raise ValueError(f"curriculum_key={cfg.curriculum_key!r}: every training example needs that field "
+                             "(a number, easier is smaller); or leave it None to treat trainset order as easiest first")
+        sampler = PromptSampler(
+            len(trainset), seed=cfg.seed, band=cfg.pass_band, replay_after=cfg.replay_after,
+            difficulty=[float(ex[cfg.curriculum_key]) for ex in trainset] if cfg.curriculum_key else None,
+            curriculum_steps=cfg.curriculum_steps, curriculum_start=cfg.curriculum_start)
         for adapter in plan.adapters:
             engine.add_adapter(adapter, cfg.lora.peft_config())
         optimizers = AdapterOptimizers(engine.model, plan.adapters, lr=rates)
-        run_dir = Path(run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
+        if resumed is None and ckpt.find(run_dir) is not None:
+            warnings.warn(f"{run_dir} holds the checkpoint of an earlier compile: this one starts over and replaces "
+                          f"it; pass resume={str(run_dir)!r} (CLI --resume) to continue that one instead",
+                          stacklevel=2)
         log = RunLog(run_dir)
-        log.append({"kind": "plan", "backend": plan.spec, "roles": role_adapters, "reasons": plan.reasons,
-                    "learning_rates": rates})
-        revisions: dict[int, dict[str, dict]] = {}
-        history: list[dict[str, Any]] = []
-        events: list[dict[str, Any]] = []
-        evals: list[tuple[int, float]] = []
-        last_rollback: int | None = None
-        current = 0  # the revision the adapters hold when no step has run since (a rollback sets it to best_step)
+        if resumed is None:
+            log.append({"kind": "plan", "backend": plan.spec, "roles": role_adapters, "reasons": plan.reasons,
+                        "learning_rates": rates})
+        steps = cfg.steps
+        st = ckpt.LoopState()  # history, evals, events, revisions, best, rollback, tokens spent: what a resume restores
+        if resumed is not None:  # the demos are in the program state the checkpoint restores
+            steps = 0 if cfg.strategy == "p" else steps
+        elif cfg.strategy in ("p", "p -> w"):
+            t0 = time.time()
+            boot: dict[str, Any] = {}
+            demos = bootstrap_demos(student, trainset, engine, metric=self.metric, k=cfg.demos_per_role,
+                                    adapters=role_adapters, n_examples=cfg.bootstrap_examples,
+                                    repeats=cfg.bootstrap_repeats, temperature=cfg.temperature,
+                                    max_tokens=cfg.max_tokens, seed=cfg.seed,
+                                    metric_failure_score=cfg.metric_failure_score, stats=boot)
+            counts = apply_demos(student, demos)
+            st.spent += boot["completion_tokens"]
+            log.append({"kind": "demos", "strategy": cfg.strategy, "counts": counts, **boot,
+                        "seconds": round(time.time() - t0, 2)})
+            if progress:
+                print(f"bootstrapped demos per role: {counts} ({time.time() - t0:.0f}s)")
+            if cfg.strategy == "p":
+                steps = 0
+        revisions = st.revisions
         eval_tokens = cfg.eval_max_tokens or cfg.max_tokens
         sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens)
 
@@ -179,21 +241,22 @@ class MMGRPO:
                 return None
             t0 = time.time()
             res = evaluate(student, valset, engine, metric=self.metric, adapters=role_adapters,
-                           max_tokens=eval_tokens, failure_score=cfg.failure_score,
+                           max_tokens=eval_tokens, failure_score=cfg.failure_score, progress=progress and "validate",
                            metric_failure_score=cfg.metric_failure_score if cfg.metric_failure_score is not None
                            else cfg.failure_score)
             revisions[step] = {a: adapter_state(engine.model, a) for a in plan.adapters}
             record = {"kind": "eval", "step": step, "val_accuracy": res["accuracy"], "n": res["n"],
+                      "interval": [round(x, 4) for x in res["interval"]],
                       "format_error_rate": res["format_error_rate"], "crash_rate": res["crash_rate"],
                       "seconds": round(time.time() - t0, 2)}
             log.append(record)
-            history.append(record)
-            evals.append((step, res["accuracy"]))
+            st.history.append(record)
+            st.evals.append((step, res["accuracy"]))
             return res["accuracy"]
 
         def guard_cliff(step: int) -> None:
-            nonlocal last_rollback, current
-            cliff = detect_cliff(evals, drop=cfg.cliff_drop, patience=cfg.cliff_patience, after_step=last_rollback)
+            cliff = detect_cliff(st.evals, drop=cfg.cliff_drop, patience=cfg.cliff_patience,
+                                 after_step=st.last_rollback)
             if cliff is None:
                 return
             best = revisions[cliff.best_step]
@@ -209,25 +272,86 @@ class MMGRPO:
                      "adapters": moved, "lr_factor": cfg.cliff_lr_factor,
                      "learning_rates": {a: optimizers.lr(a) for a in moved}}
             log.append({"kind": "event", **{k: v for k, v in event.items() if k != "kind"}, "event": event["kind"]})
-            events.append(event)
-            history.append({"kind": "event", "step": step, "event": event["kind"], "to_step": cliff.best_step})
-            last_rollback, current = step, cliff.best_step
+            st.events.append(event)
+            st.history.append({"kind": "event", "step": step, "event": event["kind"], "to_step": cliff.best_step})
+            st.last_rollback, st.current = step, cliff.best_step
 
         from tqdm.auto import tqdm
 
-        val = validate(0)
-        best_step, best_val = 0, val
-        bar = tqdm(range(1, cfg.steps + 1), desc="mmGRPO", disable=not progress)
-        for step in bar:
-            t0 = time.time()
-            batch = rng.sample(trainset, min(cfg.examples_per_step, len(trainset)))
-            rollouts = run_rollouts(student, batch, engine, repeats=cfg.group_size, adapters=role_adapters,
-                                    sampling=sampling)
+        def roll_out(indices: list[int]) -> list[list[RolloutGraph]]:
+            rollouts = run_rollouts(student, [trainset[i] for i in indices], engine, repeats=cfg.group_size,
+                                    adapters=role_adapters, sampling=sampling)
             for graphs in rollouts:
                 for g in graphs:
                     score_rollout(self.metric, g, failure_score=cfg.failure_score,
                                   metric_failure_score=cfg.metric_failure_score)
                     credit(self.metric, g, metric_failure_score=cfg.metric_failure_score)
+            return rollouts
+
+        def collect() -> tuple[list[list[RolloutGraph]], dict[str, Any]]:
+            """The step's rollouts: ``examples_per_step`` examples, or (dynamic sampling) as many examples with
+            signal, drawing replacements for flat ones for up to ``max_draw_rounds`` rounds."""
+            quota, kept, drawn, flat, rounds, rewards, tokens = cfg.examples_per_step, [], [], 0, 0, [], 0
+            while len(kept) < quota and rounds < (cfg.max_draw_rounds if cfg.dynamic_sampling else 1):
+                rate = len(kept) / len(drawn) if drawn else 1.0  # oversample by the signal rate seen so far
+                want = min(2 * quota, math.ceil((quota - len(kept)) / max(rate, 1 / 3)))
+                indices = sampler.draw(want, exclude=drawn)
+                if not indices:
+                    break
+                drawn.extend(indices)
+                rollouts = roll_out(indices)
+                signal = signal_examples(build_groups(rollouts, mode=cfg.grouping, failure_score=cfg.failure_score,
+                                                      format_failure_score=cfg.format_failure_score), len(indices))
+                rewards.extend(g.reward for graphs in rollouts for g in graphs)
+                tokens += sum(len(c.completion_ids) for graphs in rollouts for g in graphs for c in g.calls)
+                for i, graphs, has in zip(indices, rollouts, signal):
+                    sampler.observe(i, statistics.fmean(min(max(g.reward, 0.0), 1.0) for g in graphs))
+                    if has or not cfg.dynamic_sampling:
+                        kept.append(graphs)
+                    else:
+                        flat += 1
+                rounds += 1
+            sampler.advance()
+            return kept, {"reward_mean_drawn": statistics.fmean(rewards) if rewards else None,
+                          "completion_tokens": tokens,
+                          "examples_drawn": len(drawn), "examples_kept": len(kept), "examples_flat": flat,
+                          "draw_rounds": rounds, "sampler": sampler.summary()}
+
+        revision_files = ckpt.RevisionFiles()
+
+        def checkpoint(step: int) -> None:
+            st.step = step
+            ckpt.save(run_dir, loop=st, model=engine.model, adapters=plan.adapters, optimizers=optimizers,
+                      sampler=sampler, student=student, fingerprint=fingerprint, plan={"spec": plan.spec, "role_adapters": role_adapters, "reasons": plan.reasons},
+                      revision_files=revision_files)
+
+        if resumed is None:
+            st.val = validate(0)
+            st.best_step, st.best_val = 0, st.val
+            checkpoint(0)
+        else:
+            log.records = ckpt.restore_log(resumed)
+            ckpt.drop_later_revisions(run_dir, resumed.step)
+            revision_files = resumed.revision_files()
+            st = ckpt.restore(resumed, engine=engine, adapters=plan.adapters, optimizers=optimizers,
+                              sampler=sampler, student=student)  # RNGs last: nothing draws before the next step
+            revisions = st.revisions
+            log.append({"kind": "resume", "after_step": st.step, "checkpoint": str(resumed.path)})
+            if progress:
+                print(f"resumed {run_dir} after step {st.step}")
+        bar = tqdm(range(st.step + 1, steps + 1), desc="mmGRPO", disable=not progress, initial=st.step, total=steps)
+        for step in bar:
+            if cfg.max_rollout_tokens is not None and st.spent >= cfg.max_rollout_tokens:
+                steps = step - 1  # the budget is spent: this is the last step (validated below if it was not)
+                if steps not in revisions:
+                    st.val = validate(steps)
+                    if st.val is not None and (st.best_val is None or st.val > st.best_val):
+                        st.best_step, st.best_val = steps, st.val
+                break
+            t0 = time.time()
+            rollouts, drawing = collect()
+            st.spent += drawing["completion_tokens"]
+            drawing["completion_tokens_total"] = st.spent
             t_roll = time.time() - t0
             groups = build_groups(rollouts, mode=cfg.grouping, failure_score=cfg.failure_score,
                                   format_failure_score=cfg.format_failure_score)
@@ -236,21 +360,28 @@ class MMGRPO:
                 ga = group_advantages(g.rewards, cfg.advantage)
                 g.advantages, g.no_signal = ga.advantages, ga.no_signal
                 scored.append(ga)
+            scales = role_scales((g.role, g.advantages) for g in groups) if cfg.role_advantage_norm else {}
+            for g in groups:
+                if scales.get(g.role, 1.0) != 1.0:
+                    g.advantages = [a * scales[g.role] for a in g.advantages]
             t1 = time.time()
             weights = fanout_weights(groups) if cfg.fanout_scaling else {}
             upd = update(engine, optimizers, groups, role_adapters, config=cfg, weights=weights)
             t_sync = time.time()
             engine.sync_adapters(plan.adapters)  # adapter-only hand-off (a no-op where rollouts share the model)
             t_sync = time.time() - t_sync
-            current = step
+            st.current = step
             graphs = [g for gs in rollouts for g in gs]
             rewards = [g.reward for g in graphs]
             per_role = _role_stats(graphs, groups)
             _add_guard_stats(per_role, groups, weights, upd, role_adapters, optimizers)
             record = {
                 "kind": "step", "step": step,
-                "reward_mean": statistics.fmean(rewards),
+                # over every rollout drawn (dynamic sampling trains on a subset; this is how the policy does)
+                "reward_mean": drawing["reward_mean_drawn"] if drawing["reward_mean_drawn"] is not None else 0.0,
                 "rollouts": len(graphs),
+                "drawing": drawing,
+                "role_advantage_scales": scales,
                 "crashes": sum(g.status == "crash" for g in graphs),
                 "format_errors": sum(c.status == "format_error" for g in graphs for c in g.calls),
                 "format_error_rate": (sum(c.status == "format_error" for g in graphs for c in g.calls)
@@ -270,18 +401,21 @@ class MMGRPO:
                 "seconds_handoff": round(t_sync, 3),
             }
             log.append(record)
-            history.append({k: v for k, v in record.items() if k != "adapters"})
-            evaluated = (cfg.eval_every and step % cfg.eval_every == 0) or step == cfg.steps
+            st.history.append({k: v for k, v in record.items() if k != "adapters"})
+            evaluated = (cfg.eval_every and step % cfg.eval_every == 0) or step == steps
             if evaluated:
-                val = validate(step)
-            if val is not None and (best_val is None or val > best_val) and step in revisions:
-                best_step, best_val = step, val
+                st.val = validate(step)
+            val = st.val
+            if val is not None and (st.best_val is None or val > st.best_val) and step in revisions:
+                st.best_step, st.best_val = step, val
             if evaluated and val is not None and cfg.cliff_guard:
                 guard_cliff(step)
+            checkpoint(step)
             bar.set_postfix(reward=f"{record['reward_mean']:.2f}", val=f"{val:.2f}" if val is not None else "-",
                             fmt=f"{record['format_error_rate']:.2f}", crash=record["crashes"])
         # "last": the revision the adapters hold now (after a final rollback, the best one, not the step's own)
-        keep_step = best_step if (cfg.keep == "best" and best_val is not None) else current
+        best_step, best_val = st.best_step, st.best_val
+        keep_step = best_step if (cfg.keep == "best" and best_val is not None) else st.current
         for adapter, state in revisions[keep_step].items():
             restore_adapter(engine.model, adapter, state)
         engine.sync_adapters(plan.adapters)
@@ -296,11 +430,26 @@ class MMGRPO:
             backend=plan.spec,
             backend_reasons=plan.reasons,
             config={"metric": getattr(self.metric, "__name__", repr(self.metric)), **cfg.model_dump()},
-            history=history,
+            history=st.history,
             best_step=best_step if best_val is not None else None,
             revision_step=keep_step,
-            events=events,
+            events=st.events,
             sampling={"temperature": 0.0, "max_tokens": eval_tokens},
             package_versions=package_versions(),
         )
         return CompiledProgram(student, engine, manifest, revisions=revisions, run_dir=run_dir)
+
+
+def _resume_dir(resume: str | Path | bool | None, run_dir: str | Path | None) -> Path:
+    """The run directory: ``resume`` (a path), else ``run_dir``, else a new ``runs/<time>``."""
+    if resume is True:
+        if run_dir is None:
+            raise ValueError("resume=True resumes run_dir, but no run_dir was given: pass resume=RUN_DIR (the run "
+                             "directory of the compile to continue)")
+        return Path(run_dir)
+    if resume:
+        if run_dir is not None and Path(run_dir).resolve() != Path(resume).resolve():
+            raise ValueError(f"resume={str(resume)!r} and run_dir={str(run_dir)!r} differ: a resumed compile "
+                             "continues in its own run directory; pass one of them")
+        return Path(resume)
+    return Path(run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))

@@ -21,23 +21,44 @@ class MetricError(ValueError):
     pass
 
 
-def score_rollout(metric: Metric, graph: RolloutGraph, *, failure_score: float,
-                  metric_failure_score: float | None) -> float:
-    if graph.status != "ok" or graph.outputs is None:
-        graph.reward = failure_score
-        return graph.reward
-    example = dspy.Example(**graph.example)
-    prediction = dspy.Prediction(**graph.outputs)
+def call_metric(metric: Metric, example: dict[str, Any], outputs: dict[str, Any], *,
+                metric_failure_score: float | None) -> float:
+    """The metric's finite float value on ``outputs``, the one place wfc calls a user metric. A metric that raises or
+    returns NaN/inf gives ``metric_failure_score``, or a :class:`MetricError` naming the example when that is None."""
     try:
-        value = metric(example, prediction)
-        value = float(value)
+        value = float(metric(dspy.Example(**example), dspy.Prediction(**outputs)))
         if not math.isfinite(value):
             raise ValueError(f"metric returned {value}")
     except Exception as exc:
         if metric_failure_score is None:
             raise MetricError(
-                f"the metric failed on example {graph.example!r} with prediction {graph.outputs!r}: {exc}. "
+                f"the metric failed on example {example!r} with prediction {outputs!r}: {exc}. "
                 "Fix the metric, or set metric_failure_score to score such rollouts instead") from exc
-        value = metric_failure_score
-    graph.reward = value
+        value = float(metric_failure_score)
     return value
+
+
+def score_rollout(metric: Metric, graph: RolloutGraph, *, failure_score: float,
+                  metric_failure_score: float | None) -> float:
+    if graph.status != "ok" or graph.outputs is None:
+        graph.reward = failure_score
+        return graph.reward
+    graph.reward = call_metric(metric, graph.example, graph.outputs, metric_failure_score=metric_failure_score)
+    return graph.reward
+
+
+def mean_interval(values: list[float], *, z: float = 1.96) -> tuple[float, float]:
+    """A ~95% confidence interval of the mean of ``values``: Wilson's score interval when every value is 0 or 1
+    (accuracy; it stays inside [0, 1] and is sane at 0/n and n/n), else the normal interval with the sample std."""
+    n = len(values)
+    if n == 0:
+        return (0.0, 1.0)
+    mean = math.fsum(values) / n
+    if all(v in (0.0, 1.0) for v in values):
+        centre = (mean + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * math.sqrt(mean * (1 - mean) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        return (max(0.0, centre - half), min(1.0, centre + half))
+    if n == 1:
+        return (mean, mean)
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    return (mean - z * std / math.sqrt(n), mean + z * std / math.sqrt(n))

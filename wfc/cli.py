@@ -3,7 +3,8 @@ runs it), registered in ``COMMANDS``. To add a subcommand, write the pair and ad
 
 Subcommands:
 - ``wfc inspect PROGRAM``: run a few traced rollouts of a program and print its calls and role graph.
-- ``wfc compile PROGRAM --task T --out DIR``: train with mmGRPO and save an artifact.
+- ``wfc compile PROGRAM --task T --out DIR``: train with mmGRPO and save an artifact (``--resume RUN_DIR``: continue
+  a killed compile from its last checkpoint).
 - ``wfc run DIR --input field=value``: run an artifact (``--trust-code`` lets the artifact's own code run,
   ``--program SPEC`` builds the program from yours; likewise for ``serve``).
 - ``wfc plan PROGRAM``: the backend decision and its reasons, without training.
@@ -153,7 +154,10 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     _engine_args(p, help="rollout engine: hf, vllm (the vllm extra; adapter-only hand-off each step), or "
                          "vllm-server (running vLLM servers: --server / --launch-servers) [hf]")
     p.add_argument("--out", required=True, help="artifact directory to write")
-    p.add_argument("--run-dir", default=None, help="where metrics.jsonl and curves go [runs/<time>]")
+    p.add_argument("--run-dir", default=None, help="where metrics.jsonl, curves and checkpoints go [runs/<time>]")
+    p.add_argument("--resume", metavar="RUN_DIR", default=None,
+                   help="continue a killed compile from the checkpoint in its run directory (same program, task, "
+                        "model, backend and config; only --steps may change)")
 
 
 def _engine_args(p: argparse.ArgumentParser, *, help: str) -> None:
@@ -245,11 +249,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
         backend = json.loads(backend)
     from wfc.engines import make_engine
 
+    if args.resume:  # a missing or corrupted checkpoint is reported before the model loads
+        from compilers.checkpoint import load as load_checkpoint
+
+        load_checkpoint(args.resume)
     engine = make_engine(args.engine, args.model, **_engine_kwargs(args))
     try:
         compiled = MMGRPO(metric, config=config).compile(program, trainset=trainset, valset=valset, engine=engine,
                                                          backend=backend, run_dir=args.run_dir,
-                                                         program_import_path=args.program)
+                                                         program_import_path=args.program, resume=args.resume)
         path = compiled.save(args.out)
     finally:
         engine.close()

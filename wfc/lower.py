@@ -181,17 +181,35 @@ def trace(program: dspy.Module, example: dspy.Example | Mapping[str, Any], engin
     recorder = _Recorder()
     prog = bind(copy_program(program), engine, adapters=adapters, sampling=sampling, recorder=recorder)
     status, error, outputs = "ok", None, None
+    dspy_trace: list = []
     try:
-        with dspy.context(adapter=adapter or CompactChatAdapter(), trace=[]):
+        with dspy.context(adapter=adapter or CompactChatAdapter(), trace=dspy_trace):
             outputs = _prediction_dict(prog(**inputs))
+            dspy_trace = list(dspy.settings.trace)
     except AdapterParseError as exc:
         status, error = "format_error", str(exc)[:2000]
     except Exception as exc:
         status = "crash"
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    _attach_inputs(prog, dspy_trace, recorder.calls)
     if status == "ok" and any(c.status == "crash" for c in recorder.calls):
         status = "crash"  # a crashed call the program swallowed still interrupted its trajectory
     return RolloutGraph(recorder.calls, example=record, outputs=outputs, status=status, error=error)
+
+
+def _attach_inputs(program: dspy.Module, dspy_trace: list, calls: list[CallNode]) -> None:
+    """Give each ok call the input values DSPy recorded for it. DSPy's trace holds (predictor, inputs, prediction)
+    in completion order; a call is matched by role and equal outputs (parallel calls of one role with equal outputs
+    share their inputs too, so which of them gets which entry does not matter)."""
+    path_of = {id(p): path for path, p in program.named_predictors()}
+    for entry in dspy_trace:
+        predictor, values, prediction = entry[0], entry[1], entry[2]
+        role = path_of.get(id(predictor))
+        produced = _prediction_dict(prediction)
+        for call in calls:
+            if call.role == role and call.inputs is None and call.status == "ok" and call.outputs == produced:
+                call.inputs = {k: v for k, v in dict(values).items()}
+                break
 
 
 def parallel_map(fn: Callable, items: Iterable, *, max_workers: int | None = None) -> list:
@@ -209,13 +227,27 @@ def parallel_map(fn: Callable, items: Iterable, *, max_workers: int | None = Non
 def run_rollouts(program: dspy.Module, examples: list, engine: Engine, *, repeats: int = 1,
                  adapters: RoleAdapters | None = None,
                  sampling: SamplingParams | Mapping[str, SamplingParams] = SamplingParams(),
-                 adapter: dspy.Adapter | None = None, max_workers: int = 256) -> list[list[RolloutGraph]]:
+                 adapter: dspy.Adapter | None = None, max_workers: int = 256,
+                 on_done: Callable[[], Any] | None = None) -> list[list[RolloutGraph]]:
     """``repeats`` rollouts of ``program`` per example, all in flight together so the engine batches them.
-    Returns one list of graphs per example, in input order."""
+    Returns one list of graphs per example, in input order. ``on_done`` is called (from a worker thread) as each
+    example's last rollout finishes, e.g. a progress bar's ``update``."""
     roles(program)  # validate once, before any thread starts
     jobs = [(i, ex) for i, ex in enumerate(examples) for _ in range(repeats)]
-    graphs = parallel_map(lambda job: trace(program, job[1], engine, adapters=adapters, sampling=sampling,
-                                            adapter=adapter), jobs, max_workers=min(max_workers, len(jobs) or 1))
+    left = [repeats] * len(examples)
+    lock = threading.Lock()
+
+    def run(job):
+        graph = trace(program, job[1], engine, adapters=adapters, sampling=sampling, adapter=adapter)
+        if on_done is not None:
+            with lock:
+                left[job[0]] -= 1
+                finished = left[job[0]] == 0
+            if finished:
+                on_done()
+        return graph
+
+    graphs = parallel_map(run, jobs, max_workers=min(max_workers, len(jobs) or 1))
     out: list[list[RolloutGraph]] = [[] for _ in examples]
     for (i, _), g in zip(jobs, graphs):
         out[i].append(g)

@@ -37,6 +37,7 @@ class CallNode(BaseModel):
     logprobs: list[float] = Field(default_factory=list)
     text: str = ""
     outputs: dict[str, Any] | None = None
+    inputs: dict[str, Any] | None = None  # the predictor's input values (from DSPy's trace); None: not recorded
     status: CallStatus = "ok"
     error: str | None = None
     finish_reason: str | None = None
@@ -44,6 +45,7 @@ class CallNode(BaseModel):
     started: int = 0
     finished: int = 0
     reward: float | None = None  # per-call credit (compilers.credit); None: inherit the rollout's reward
+    no_credit: bool = False  # credit found nothing this call could have changed: it is left out of its group
 
     @property
     def num_tokens(self) -> int:

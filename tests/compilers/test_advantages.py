@@ -178,3 +178,14 @@ def test_no_signal_rate():
     assert no_signal_rate(iter(groups[2:])) == 0.0
     with pytest.raises(ValueError, match="at least one group"):
         no_signal_rate([])
+
+
+def test_role_scales_hand_worked():
+    from compilers.advantages import role_scales
+
+    # voter: groups [0.5,-0.5] and [0,0] (flat, ignored): RMS 0.5 -> x2; judge: [0.1,-0.1,0.1,-0.1]: RMS 0.1 -> x10;
+    # planner: only flat groups -> 1.0 (zeros stay zeros)
+    scales = role_scales([("voter", [0.5, -0.5]), ("voter", [0.0, 0.0]), ("judge", [0.1, -0.1, 0.1, -0.1]),
+                          ("planner", [0.0, 0.0])], eps=0.0)
+    assert scales["voter"] == pytest.approx(2.0) and scales["judge"] == pytest.approx(10.0)
+    assert scales["planner"] == 1.0

@@ -20,6 +20,7 @@ def node(i, role, inv, outputs, status="ok"):
 def voting_rollout(votes, final, status="ok"):
     calls = [node(i, "voter", i, {"answer": v}) for i, v in enumerate(votes)]
     calls.append(node(len(votes), "aggregator", 0, {"answer": final}))
+    calls[-1].messages = [{"role": "user", "content": "2+3?\nCandidates: " + ", ".join(votes)}]  # fed by the voters
     g = RolloutGraph(calls, example={"question": "2+3?", "answer": "5"}, outputs={"answer": final}, status=status)
     g.reward = exact(type("E", (), {"answer": "5"})(), type("P", (), {"answer": final})())
     return g
@@ -56,3 +57,51 @@ def test_failed_rollouts_and_bad_calls_keep_failure_scores():
 def test_unknown_credit_is_an_error():
     with pytest.raises(ValueError, match="own_output"):
         get_credit("blame")
+
+
+def nan_metric(example, prediction, trace=None):
+    return float("nan") if prediction.answer == "4" else 1.0
+
+
+def test_own_output_nan_metric_scores_the_failure_or_names_the_example():
+    from compilers.score import MetricError
+
+    g = voting_rollout(["5", "4"], "5")
+    get_credit("own_output")(nan_metric, g, metric_failure_score=-0.25)
+    assert [c.reward for c in g.calls] == [1.0, -0.25, 1.0]
+    build_groups([[g]])  # finite rewards: grouping no longer fails with "non-finite reward nan"
+    with pytest.raises(MetricError, match="metric_failure_score"):
+        get_credit("own_output")(nan_metric, voting_rollout(["5", "4"], "5"), metric_failure_score=None)
+
+
+def test_verified_selector_without_a_right_candidate_gets_no_credit():
+    # hand-worked: votes 4,4 -> aggregator had nothing right to pick, left out; votes 5,4 -> scored on its own answer
+    flat = voting_rollout(["4", "4"], "4")
+    get_credit("verified")(exact, flat, metric_failure_score=None)
+    assert [c.reward for c in flat.calls] == [0.0, 0.0, 0.0] and [c.no_credit for c in flat.calls] == [False] * 2 + [True]
+    picked_wrong = voting_rollout(["5", "4"], "4")
+    get_credit("verified")(exact, picked_wrong, metric_failure_score=None)
+    assert [c.reward for c in picked_wrong.calls] == [1.0, 0.0, 0.0] and not picked_wrong.calls[2].no_credit
+    groups = build_groups([[flat, picked_wrong]])
+    agg = [x for x in groups if x.role == "aggregator"][0]
+    assert [m.rollout for m in agg.members] == [1] and agg.rewards == [0.0]
+
+
+def judge_rollout(answer, verdict):
+    calls = [node(0, "generator", 0, {"answer": answer}),
+             CallNode(id=1, role="evaluator", invocation=0, messages=[{"role": "user", "content": f"A: {answer}"}],
+                      text=verdict, outputs={"verdict": verdict}, started=3, finished=4)]
+    g = RolloutGraph(calls, example={"question": "2+3?", "answer": "5"}, outputs={"answer": answer})
+    g.reward = float(answer == "5")
+    return g
+
+
+@pytest.mark.parametrize("answer,verdict,reward", [
+    ("5", "correct", 1.0), ("5", "incorrect: off by one", 0.0), ("4", "incorrect, 2+3 is 5", 1.0),
+    ("4", "Yes", 0.0), ("4", "hmm", None),
+])
+def test_verified_judge_is_scored_on_agreeing_with_the_gold_answer(answer, verdict, reward):
+    g = judge_rollout(answer, verdict)
+    get_credit("verified")(exact, g, metric_failure_score=None)
+    assert g.calls[0].reward == float(answer == "5")
+    assert g.calls[1].reward == reward  # None: unreadable verdict inherits the rollout's reward

@@ -205,7 +205,9 @@ def test_cliff_rolls_back_to_the_exact_stored_weights(engine, tmp_path, monkeypa
     script = iter([0.2, 0.6, 0.3, 0.3, 0.5])
 
     def fake_evaluate(*args, **kwargs):
-        return {"accuracy": next(script), "n": 1, "format_error_rate": 0.0, "crash_rate": 0.0, "graphs": []}
+        acc = next(script)
+        return {"accuracy": acc, "interval": (acc, acc), "n": 1, "format_error_rate": 0.0, "crash_rate": 0.0,
+                "graphs": []}
 
     starts = []  # adapter weights at the start of each step's update
 
@@ -243,7 +245,7 @@ def test_cliff_rolls_back_to_the_exact_stored_weights(engine, tmp_path, monkeypa
 
 def test_cliff_guard_off_records_nothing(engine, tmp_path, monkeypatch):
     script = iter([0.6, 0.1, 0.1])
-    monkeypatch.setattr(mmgrpo, "evaluate", lambda *a, **k: {"accuracy": next(script), "n": 1,
+    monkeypatch.setattr(mmgrpo, "evaluate", lambda *a, **k: {"accuracy": next(script), "n": 1, "interval": (0.0, 1.0),
                                                               "format_error_rate": 0.0, "crash_rate": 0.0})
     compiled = MMGRPO(length_metric, **small(steps=2, cliff_guard=False, keep="last")).compile(
         Voting(SIG, n=2), trainset=TRAIN, valset=TRAIN[:1], engine=engine, run_dir=tmp_path / "run", progress=False)

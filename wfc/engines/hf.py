@@ -122,6 +122,18 @@ class HFEngine(BatchingEngine):
         return self.tokenizer(self._render(messages), add_special_tokens=False)["input_ids"]
 
     def _generate_batch(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
+        # Rows in a canonical order (by prompt, then adapter; equal requests keep their order): the random numbers a
+        # sampled row draws from torch's global generator then depend on the batch's contents, not on which thread
+        # submitted first, so a seeded compile (and a resumed one) samples the same tokens every run.
+        order = sorted(range(len(requests)), key=lambda i: (self._render(requests[i].messages),
+                                                            requests[i].adapter or ""))
+        results = self._generate_rows([requests[i] for i in order], sampling)
+        out: list[Generation] = [None] * len(requests)  # type: ignore[list-item]
+        for row, i in enumerate(order):
+            out[i] = results[row]
+        return out
+
+    def _generate_rows(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
         tok = self.tokenizer
         texts = [self._render(r.messages) for r in requests]
         enc = tok(texts, add_special_tokens=False, padding=True, return_tensors="pt")

@@ -1,0 +1,146 @@
+"""Does compiling earn its keep? The demo recipe against the simple alternatives, over seeds, at an equal budget.
+
+Arms (each a fresh engine on the embedded model, the demo's task and held-out split):
+- ``workflow``: Voting (n=3) compiled with the ``better-together`` recipe (demos, then weights) — what ``make demo``
+  runs. With ``--reuse-demo`` the arm is read from ``runs/demo-seed<S>/summary.json`` + ``metrics.jsonl`` (a finished
+  ``make demo`` / ``WFC_DEMO_SEED=S python examples/demo.py`` run) instead of run again.
+- ``single``: single-role GRPO on ``Single`` (``weights-only`` recipe), stopped at the same number of rollout
+  completion tokens as the workflow arm of the same seed (``max_rollout_tokens``).
+- ``single_pw``: ``Single`` with the ``better-together`` recipe at the same budget (the strongest one-role rival).
+- ``prompt``: Voting with demos only (``prompts-only``): prompt optimization alone.
+
+Prints and writes ``OUT/results.jsonl`` (one line per run) and ``OUT/results.md`` (mean held-out accuracy per arm with
+a 95% t-interval over seeds, and the workflow's lead over each rival, paired by seed).
+
+    python benchmarks/learning.py --seeds 0,1,2 --arms workflow,prompt,single --reuse-demo --out runs/learning
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def t_interval(values: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the 95% Student-t interval of the mean over seeds."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, mean, mean
+    half = T95.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def workflow_tokens(run_dir: Path) -> int:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    spent = sum(r.get("completion_tokens", 0) for r in records if r["kind"] == "demos")
+    steps = [r for r in records if r["kind"] == "step"]
+    return steps[-1]["drawing"]["completion_tokens_total"] if steps else spent
+
+
+def run_arm(arm: str, seed: int, steps: int, budget: int | None, out: Path) -> dict:
+    import demo
+    from compilers import MMGRPO, evaluate
+    from compilers.recipes import get_recipe
+    from programs import Single
+    from wfc.engines.hf import HFEngine
+    from wfc.tasks.math import math_metric
+
+    task = demo.demo_task()
+    recipe = get_recipe({"workflow": "better-together", "single": "weights-only", "single_pw": "better-together",
+                         "prompt": "prompts-only"}[arm])
+    program = Single(demo.SIGNATURE) if arm.startswith("single") else demo.program()
+    if budget is not None and arm.startswith("single"):
+        recipe.update(max_rollout_tokens=budget, steps=10 * steps)  # the budget, not the step count, stops it
+    else:
+        recipe.update(steps=steps)
+    engine = HFEngine("smollm2-135m")
+    t0 = time.time()
+    try:
+        compiled = MMGRPO(math_metric, seed=seed, **recipe).compile(
+            program, trainset=task.trainset, valset=task.valset, engine=engine, backend="shared",
+            run_dir=out / f"{arm}-seed{seed}")
+        res = evaluate(compiled.program, task.testset, engine, metric=math_metric, adapters=compiled.roles,
+                       max_tokens=recipe["max_tokens"], progress=f"{arm} held-out")
+        base = evaluate(program, task.testset, engine, metric=math_metric, adapters={},
+                        max_tokens=recipe["max_tokens"], progress=f"{arm} baseline")
+    finally:
+        engine.close()
+    return {"arm": arm, "seed": seed, "accuracy": res["accuracy"], "interval": res["interval"],
+            "baseline": base["accuracy"], "tokens": workflow_tokens(out / f"{arm}-seed{seed}"),
+            "steps": sum(1 for r in compiled.manifest.history if r["kind"] == "step"),
+            "seconds": round(time.time() - t0, 1)}
+
+
+def from_demo(seed: int) -> dict:
+    run = ROOT / "runs" / f"demo-seed{seed}"
+    summary = json.loads((run / "summary.json").read_text())
+    return {"arm": "workflow", "seed": seed, "accuracy": summary["compiled"], "interval": summary["compiled_interval"],
+            "baseline": summary["baseline"], "tokens": workflow_tokens(run), "steps": summary["steps"],
+            "seconds": summary["seconds"], "source": str(run)}
+
+
+def report(rows: list[dict]) -> str:
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    lines = ["| arm | seeds | held-out accuracy (mean, 95% CI over seeds) | baseline | rollout tokens | minutes |",
+             "|---|---|---|---|---|---|"]
+    for arm in arms:
+        mine = [r for r in rows if r["arm"] == arm]
+        mean, lo, hi = t_interval([r["accuracy"] for r in mine])
+        lines.append(f"| {arm} | {','.join(str(r['seed']) for r in mine)} | {mean:.3f} [{lo:.3f}, {hi:.3f}] | "
+                     f"{statistics.fmean(r['baseline'] for r in mine):.3f} | "
+                     f"{statistics.fmean(r['tokens'] for r in mine):.0f} | "
+                     f"{statistics.fmean(r['seconds'] for r in mine) / 60:.1f} |")
+    wf = {r["seed"]: r["accuracy"] for r in rows if r["arm"] == "workflow"}
+    for arm in arms:
+        if arm == "workflow":
+            continue
+        paired = [wf[r["seed"]] - r["accuracy"] for r in rows if r["arm"] == arm and r["seed"] in wf]
+        if paired:
+            mean, lo, hi = t_interval(paired)
+            lines.append(f"\nworkflow - {arm}: {mean:+.3f} [{lo:+.3f}, {hi:+.3f}] (paired by seed, n={len(paired)})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--arms", default="workflow,prompt,single")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--reuse-demo", action="store_true", help="read the workflow arm from runs/demo-seed<S>")
+    p.add_argument("--out", default="runs/learning")
+    args = p.parse_args(argv)
+    logging.getLogger("dspy").setLevel(logging.ERROR)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    results = out / "results.jsonl"
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        budget = None
+        for arm in args.arms.split(","):
+            row = from_demo(seed) if arm == "workflow" and args.reuse_demo else run_arm(arm, seed, args.steps,
+                                                                                         budget, out)
+            if arm == "workflow":
+                budget = row["tokens"]
+            rows.append(row)
+            with results.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(json.dumps(row), flush=True)
+    table = report(rows)
+    (out / "results.md").write_text(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""Named compile recipes: MMGRPOConfig overrides that were measured to work, one registry (used by ``make demo``,
+``benchmarks/learning.py`` and ``wfc compile --recipe``). A recipe is a plain dict, so a user can start from one and
+override any field: ``MMGRPO(metric, **{**RECIPES["better-together"], "steps": 20})``.
+
+- ``better-together``: bootstrap two demonstrations per role from the program's own passing runs (prompt
+  optimization), then mmGRPO with verified per-role credit, dynamic sampling over examples whose running pass rate is
+  strictly between 0 and 1, and keep-best validation. The figures in the README come from it.
+- ``weights-only``: the same mmGRPO without demos (the single-role GRPO baseline uses it on ``Single``).
+- ``prompts-only``: the demos without any training (prompt optimization alone).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_GRPO: dict[str, Any] = dict(
+    examples_per_step=4, group_size=8, max_tokens=24, temperature=0.7, learning_rate=3e-4, advantage="dr_grpo",
+    loss_aggregation="token", credit="verified", dynamic_sampling=True, max_draw_rounds=2, pass_band=(0.0, 1.0),
+    eval_every=4)
+_DEMOS: dict[str, Any] = dict(demos_per_role=2, bootstrap_examples=24, bootstrap_repeats=2)
+
+RECIPES: dict[str, dict[str, Any]] = {
+    "better-together": {**_GRPO, **_DEMOS, "strategy": "p -> w"},
+    "weights-only": {**_GRPO, "strategy": "w"},
+    "prompts-only": {**_GRPO, **_DEMOS, "strategy": "p"},
+}
+
+
+def get_recipe(name: str) -> dict[str, Any]:
+    if name not in RECIPES:
+        raise ValueError(f"recipe {name!r} is unknown: use one of {sorted(RECIPES)}")
+    return dict(RECIPES[name])

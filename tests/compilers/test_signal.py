@@ -1,0 +1,102 @@
+"""Signal per step on the tiny real model: dynamic sampling, the pass band, the curriculum, per-role advantage
+normalisation, verified credit and bootstrapped demos (BetterTogether), each visible in the log and the artifact."""
+
+import json
+
+import dspy
+
+import wfc
+from compilers import MMGRPO
+from compilers.prompts import bootstrap_demos
+from programs import Voting
+from tiny_setup import SIG, TRAIN, length_metric, tiny_config
+
+
+def steps_of(compiled):
+    return [r for r in compiled.manifest.history if r["kind"] == "step"]
+
+
+def test_dynamic_sampling_keeps_only_examples_with_signal(engine, tmp_path):
+    compiled = MMGRPO(length_metric, **tiny_config(
+        steps=2, dynamic_sampling=True, max_draw_rounds=3, pass_band=(0.0, 1.0), role_advantage_norm=True,
+        credit="verified")).compile(Voting(SIG, n=2), trainset=TRAIN, valset=TRAIN[:2], engine=engine,
+                                    run_dir=tmp_path / "run", progress=False)
+    for record in steps_of(compiled):
+        d = record["drawing"]
+        assert d["examples_kept"] + d["examples_flat"] == d["examples_drawn"]
+        assert 1 <= d["draw_rounds"] <= 3
+        assert record["rollouts"] == d["examples_kept"] * 3  # only kept examples reach the update
+        assert d["sampler"]["seen"] >= d["examples_drawn"] or d["sampler"]["seen"] >= 1
+        assert set(record["role_advantage_scales"]) <= {"voter", "aggregator"}
+    kept = [r["drawing"]["examples_kept"] for r in steps_of(compiled)]
+    assert sum(kept) >= 1
+
+
+def always(example, prediction, trace=None):
+    return 1.0  # every group flat: no signal anywhere
+
+
+def test_without_dynamic_sampling_flat_examples_are_kept(engine, tmp_path):
+    compiled = MMGRPO(always, **tiny_config(steps=1, dynamic_sampling=False)).compile(
+        Voting(SIG, n=2), trainset=TRAIN, engine=engine, run_dir=tmp_path / "a", progress=False)
+    d = steps_of(compiled)[0]["drawing"]
+    assert d["examples_kept"] == 2 and d["draw_rounds"] == 1
+
+
+def test_dynamic_sampling_drops_flat_examples_within_its_budget(engine, tmp_path):
+    compiled = MMGRPO(always, **tiny_config(steps=1, dynamic_sampling=True, max_draw_rounds=2)).compile(
+        Voting(SIG, n=2), trainset=TRAIN, engine=engine, run_dir=tmp_path / "b", progress=False)
+    d = steps_of(compiled)[0]["drawing"]
+    assert d["examples_kept"] == 0 and d["examples_flat"] == d["examples_drawn"] and d["draw_rounds"] == 2
+    assert d["examples_drawn"] > 2  # replacements were drawn for the flat ones
+
+
+def test_bootstrap_demos_come_from_passing_runs_per_role(engine):
+    program = Voting(SIG, n=2)
+    demos = bootstrap_demos(program, TRAIN, engine, metric=length_metric, k=2, n_examples=8, repeats=2,
+                            max_tokens=6, seed=0)
+    assert set(demos) == {"voter", "aggregator"}
+    for role, items in demos.items():
+        assert len(items) <= 2
+        for d in items:
+            assert "question" in d and "answer" in d
+            assert length_metric(d, dspy.Prediction(answer=d.answer)) == 1.0  # passing runs only
+        assert len({d.question for d in items}) == len(items)  # different problems
+    assert all("candidates" in d for d in demos["aggregator"])
+    greedy = [bootstrap_demos(program, TRAIN, engine, metric=length_metric, k=2, n_examples=8, repeats=1,
+                              max_tokens=6, seed=0) for _ in range(2)]
+    assert [[dict(d) for d in g["voter"]] for g in greedy][0] == [[dict(d) for d in g["voter"]] for g in greedy][1]
+
+
+def test_prompt_then_weights_saves_demos_in_the_artifact(engine, tmp_path):
+    compiled = MMGRPO(length_metric, **tiny_config(steps=1, strategy="p -> w", demos_per_role=1,
+                                                   bootstrap_examples=6)).compile(
+        Voting(SIG, n=2), trainset=TRAIN, valset=TRAIN[:2], engine=engine, run_dir=tmp_path / "run", progress=False)
+    demos = {role: len(p.demos) for role, p in compiled.program.named_predictors()}
+    assert sum(demos.values()) >= 1, "length_metric passes some runs of the tiny model: demos are found"
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["counts"] for r in logged if r["kind"] == "demos"] == [demos]
+    path = compiled.save(tmp_path / "art")
+    loaded = wfc.load(path, model="tiny")
+    try:
+        assert {role: len(p.demos) for role, p in loaded.program.named_predictors()} == demos
+        q = "What is 2 plus 2?"
+        assert loaded(question=q).answer == compiled(question=q).answer
+    finally:
+        loaded.engine.close()
+
+
+def test_prompt_only_strategy_trains_nothing(engine, tmp_path):
+    compiled = MMGRPO(length_metric, **tiny_config(steps=3, strategy="p", demos_per_role=1,
+                                                   bootstrap_examples=6)).compile(
+        Voting(SIG, n=2), trainset=TRAIN, valset=TRAIN[:2], engine=engine, run_dir=tmp_path / "run", progress=False)
+    assert steps_of(compiled) == []
+    assert all(v.abs().sum() == 0 for k, v in engine.model.named_parameters() if "lora_B" in k)
+
+
+def test_rollout_token_budget_stops_training(engine, tmp_path):
+    compiled = MMGRPO(length_metric, **tiny_config(steps=50, max_rollout_tokens=1, keep="last")).compile(
+        Voting(SIG, n=2), trainset=TRAIN, valset=TRAIN[:2], engine=engine, run_dir=tmp_path / "run", progress=False)
+    steps = steps_of(compiled)
+    assert len(steps) == 1 and steps[0]["drawing"]["completion_tokens_total"] >= 1
+    assert compiled.manifest.revision_step == 1 and 1 in compiled.revisions
