@@ -59,14 +59,17 @@ def bench_engine(kind: str, args) -> dict:
     engine = build(kind, args.model, dtype=args.dtype, servers=args.servers)
     startup = time.perf_counter() - t0
     try:
+        from wfc.policy import Policy
+
+        policy = engine.policy if kind == "hf" else Policy(engine.handle)  # the trainer's side
         for adapter in plan.adapters:
-            engine.add_adapter(adapter, LoraSettings(r=8, alpha=16).peft_config())
+            policy.add_adapter(adapter, LoraSettings(r=8, alpha=16).peft_config())
         with torch.no_grad():  # identical non-zero adapters on every engine
             gen = torch.Generator().manual_seed(0)
-            for name, p in engine.model.named_parameters():
+            for name, p in policy.model.named_parameters():
                 if "lora_" in name:
                     p.copy_(torch.randn(p.shape, generator=gen) * 0.01)
-        engine.sync_adapters(plan.adapters)
+        engine.load_adapters(policy.export(plan.adapters))
         items = make_arithmetic(args.examples, seed=5)
         sampling = SamplingParams(temperature=1.0, max_tokens=args.max_tokens)
         run_rollouts(program, items[:1], engine, repeats=1, adapters=plan.role_adapters, sampling=sampling)

@@ -62,10 +62,10 @@ def main() -> None:
     plans = {b: resolve_backend(b, paths) for b in ("shared", "isolated")}
     lora = LoraSettings(r=8, alpha=16).peft_config()
     for adapter in {a for p in plans.values() for a in p.adapters}:
-        engine.add_adapter(adapter, lora)
+        engine.policy.add_adapter(adapter, lora)
     # Non-zero B so every adapter really changes the computation (fresh LoRA B is zero).
     with torch.no_grad():
-        for name, p in engine.model.named_parameters():
+        for name, p in engine.policy.model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.01)
     examples = make_arithmetic(args.examples, seed=5)

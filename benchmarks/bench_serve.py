@@ -41,7 +41,7 @@ def build_artifact(model: str, out: Path) -> Path:
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            engine.add_adapter("voters", LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+            engine.policy.add_adapter("voters", LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
         manifest = Manifest(name="Voting", base_model=model, base_model_checksum=engine.handle.checksum,
                             program_class="programs.voting:Voting", roles={"voter": "voters", "aggregator": None})
         program = Voting(dspy.Signature("question -> answer", "Answer the question."), n=2)

@@ -1,7 +1,7 @@
 """Benchmark: vLLM adapter-only hand-off vs a full-weight reload, and rollout throughput of the HF vs vLLM engines.
 
 1. Hand-off. After a policy update the trainer must get new weights into the sampler. wfc hands over only the
-   changed LoRA adapters (``VLLMEngine.sync_adapters``: write the adapter in PEFT format, register a new
+   changed LoRA adapters (``VLLMEngine.load_adapters``: write the adapter in PEFT format, register a new
    ``LoRARequest``; vLLM loads it on the next request). The alternative many trainers use (TRL, for one) is a
    full-weight sync: merge the LoRA into the base and push every base weight into the running vLLM model
    (vLLM's in-place ``reload_weights``; the merge is timed too). Both are timed in the same run, on the same engine,
@@ -45,7 +45,11 @@ def bench_handoff(engine, *, repeats: int) -> dict:
     from compilers.config import LoraSettings
     from wfc.engines.base import GenerationRequest, SamplingParams
 
-    engine.add_adapter("policy", LoraSettings(r=16, alpha=32).peft_config())
+    from wfc.policy import Policy
+
+    trainer = Policy(engine.handle)  # the trainer's side, on the engine's base
+    trainer.add_adapter("policy", LoraSettings(r=16, alpha=32).peft_config())
+    engine.load_adapters(trainer.export(["policy"]))
     probe = [GenerationRequest(messages=({"role": "user", "content": "What is 2 + 2?"},), adapter="policy",
                                sampling=SamplingParams(temperature=0.0, max_tokens=4))]
     base_probe = [r.model_copy(update={"adapter": None}) for r in probe]  # after a full sync the base *is* the policy
@@ -53,7 +57,7 @@ def bench_handoff(engine, *, repeats: int) -> dict:
 
     def touch():  # stands in for an optimizer step: the adapter's weights change in place
         with torch.no_grad():
-            for name, p in engine.model.named_parameters():
+            for name, p in trainer.model.named_parameters():
                 if "lora_B.policy." in name:
                     p.add_(torch.randn_like(p) * 1e-3)
 
@@ -61,13 +65,13 @@ def bench_handoff(engine, *, repeats: int) -> dict:
         # merged base weights, as a full-weight sync would send them (LoRA folded in), then pushed into vLLM
         with torch.no_grad():
             state = {}
-            for name, module in engine.model.named_modules():
+            for name, module in trainer.model.named_modules():
                 if isinstance(module, LoraLayer):
                     module.merge(adapter_names=["policy"])
-            for name, value in engine.model.get_base_model().state_dict().items():
+            for name, value in trainer.base_model.state_dict().items():
                 if "lora_" not in name:
                     state[name.replace(".base_layer", "")] = value.detach().clone()
-            for module in engine.model.modules():
+            for module in trainer.model.modules():
                 if isinstance(module, LoraLayer):
                     module.unmerge()
         # vLLM's in-place weight reload (it handles the LoRA-wrapped layers and stacked q/k/v, gate/up shards)
@@ -78,7 +82,7 @@ def bench_handoff(engine, *, repeats: int) -> dict:
     adapter, full, full_bytes = [], [], 0
     for _ in range(repeats):
         touch()
-        adapter.append(_timed(lambda: engine.sync_adapters(["policy"])))  # write + load into vLLM
+        adapter.append(_timed(lambda: engine.load_adapters(trainer.export(["policy"]))))  # export + write + load
         engine.generate(probe)  # served by the new revision (untimed)
         touch()
         t0 = time.perf_counter()
@@ -106,16 +110,19 @@ def bench_rollouts(engines: dict, *, examples: int, group_size: int, max_tokens:
     program = four_roles(SolveMath)
     plan = resolve_backend("isolated", list(roles(program)))
     lora = LoraSettings(r=8, alpha=16).peft_config()
+    from wfc.policy import Policy
+
     for name, engine in engines.items():
         torch.manual_seed(0)
+        policy = engine.policy if hasattr(engine, "policy") else Policy(engine.handle)  # the trainer's side
         for adapter in plan.adapters:
-            engine.add_adapter(adapter, lora)
+            policy.add_adapter(adapter, lora)
         with torch.no_grad():  # identical non-zero adapters on both engines
             gen = torch.Generator().manual_seed(0)
-            for pname, p in engine.model.named_parameters():
+            for pname, p in policy.model.named_parameters():
                 if "lora_" in pname:
                     p.copy_(torch.randn(p.shape, generator=gen) * 0.01)
-        engine.sync_adapters(plan.adapters)
+        engine.load_adapters(policy.export(plan.adapters))
     items = make_arithmetic(examples, seed=5)
     sampling = SamplingParams(temperature=1.0, max_tokens=max_tokens)
     out: dict = {"runs": {n: [] for n in engines}}

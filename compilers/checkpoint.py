@@ -23,7 +23,8 @@ Invariants:
   the engine itself is deterministic: see the README's "Resume").
 - :func:`load` verifies every file against its sha256 and refuses, naming what changed, a checkpoint written for
   another config, base model, role -> adapter plan, trainset, valset, metric or program class
-  (:func:`fingerprint`). ``steps`` alone may change (:data:`RESUMABLE`): a resume may train longer or stop earlier.
+  (:func:`fingerprint`). ``steps`` alone may change (:data:`RESUMABLE`): a resume may train longer or stop earlier;
+  where it computes (:data:`PLACEMENT`: ``device``, ``gradient_checkpointing``) is not part of the fingerprint.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from wfc.artifact import _atomic_dir, sha256
 FORMAT_VERSION = 1
 DIR = "checkpoint"
 RESUMABLE = ("steps",)  # config fields a resume may change: anything else would make the run another run
+PLACEMENT = ("device", "gradient_checkpointing")  # where the run computes, not what: never part of the fingerprint
 
 
 class CheckpointError(ValueError):
@@ -63,7 +65,7 @@ def fingerprint(config, *, base_model: str, base_checksum: str, role_adapters: M
     (same checksum) may resume."""
     cfg = config.model_dump(mode="json")
     return {
-        "config": {k: v for k, v in cfg.items() if k not in RESUMABLE},
+        "config": {k: v for k, v in cfg.items() if k not in RESUMABLE + PLACEMENT},
         "base_model": base_model,
         "base_checksum": base_checksum,
         "roles": dict(role_adapters),
@@ -212,18 +214,18 @@ def torch_rng_state() -> dict[str, Any]:
     return out
 
 
-def save(run_dir: Path, *, loop: LoopState, model, adapters: Sequence[str], optimizers, sampler, student,
+def save(run_dir: Path, *, loop: LoopState, policy, adapters: Sequence[str], optimizers, sampler, student,
          fingerprint: Mapping[str, Any], plan: Mapping[str, Any], revision_files: RevisionFiles) -> Path:
     """Write the checkpoint of the state after ``loop.step`` (call it between steps: no generation in flight).
-    ``revision_files`` carries the revisions already on disk from call to call."""
-    from wfc.artifact import adapter_state
+    ``policy``: the :class:`wfc.policy.Policy` holding the adapters. ``revision_files`` carries the revisions
+    already on disk from call to call."""
 
     run_dir = Path(run_dir)
     revision_files.write(run_dir, loop.revisions)
     target = run_dir / DIR
     with _atomic_dir(target) as tmp:
         for adapter in adapters:
-            _save_tensors(adapter_state(model, adapter), tmp / "adapters" / f"{adapter}.safetensors")
+            _save_tensors(policy.adapter_state(adapter), tmp / "adapters" / f"{adapter}.safetensors")
         torch.save({a: opt.state_dict() for a, opt in optimizers.optimizers.items()}, tmp / "optimizer.pt")
         torch.save(torch_rng_state(), tmp / "rng.pt")
         log_path = run_dir / "metrics.jsonl"
@@ -316,17 +318,16 @@ def restore_log(ck: Checkpoint) -> list[dict[str, Any]]:
     return records[starts[-1]:] if starts else records
 
 
-def restore(ck: Checkpoint, *, engine, adapters: Sequence[str], optimizers, sampler, student) -> LoopState:
-    """Put the checkpointed state back: adapters (exact tensors; the engine is told), optimizer states, the sampler,
-    the program's state, and, last, every RNG, so nothing drawn during setup shifts the streams. Returns the loop's
-    bookkeeping."""
+def restore(ck: Checkpoint, *, policy, engine, adapters: Sequence[str], optimizers, sampler,
+            student) -> LoopState:
+    """Put the checkpointed state back: adapters (exact tensors, into ``policy``; ``engine`` gets them through
+    ``load_adapters``), optimizer states, the sampler, the program's state, and, last, every RNG, so nothing drawn
+    during setup shifts the streams. Returns the loop's bookkeeping."""
     from safetensors.torch import load_file
 
-    from wfc.artifact import restore_adapter
-
     for adapter in adapters:
-        restore_adapter(engine.model, adapter, load_file(str(ck.path / "adapters" / f"{adapter}.safetensors")))
-    engine.sync_adapters(list(adapters))
+        policy.restore_adapter(adapter, load_file(str(ck.path / "adapters" / f"{adapter}.safetensors")))
+    engine.load_adapters(policy.export(adapters))
     states = torch.load(ck.path / "optimizer.pt", weights_only=True)
     for adapter, opt in optimizers.optimizers.items():
         opt.load_state_dict(states[adapter])

@@ -46,6 +46,10 @@ class MMGRPOConfig(BaseModel):
     # grouping and advantages
     grouping: Literal["truncate", "fill", "ragged"] = "ragged"
     advantage: str = Field("dr_grpo", description="grpo | dr_grpo | rloo | mc_grpo")
+    counterfactual_roles: list[str] = Field(
+        default_factory=list, description="roles credited counterfactually (CCPO; compilers.counterfactual): each "
+                                          "call's reward is the rollout's minus that of a rerun with only it "
+                                          "resampled; ['*'] for every role; costs one rerun per credited call")
     role_advantage_norm: bool = Field(
         False, description="scale each role's advantages to unit RMS over the step (Dr.MAS): no role's reward scale "
                            "dominates a shared adapter")
@@ -70,6 +74,9 @@ class MMGRPOConfig(BaseModel):
     demos_per_role: int = Field(2, ge=0, description="bootstrapped demonstrations per role (strategy p)")
     bootstrap_examples: int = Field(32, ge=1, description="trainset examples run to bootstrap demonstrations")
     bootstrap_repeats: int = Field(2, ge=1, description="sampled runs per bootstrap example (greedy first)")
+    labeled_demos: bool = Field(
+        False, description="roles that answer the task from its own inputs take gold-labeled demos (LabeledFewShot; "
+                           "compilers.prompts) instead of bootstrapped ones")
     # update
     learning_rate: float = Field(2e-4, gt=0.0)
     inner_epochs: int = Field(1, ge=1)
@@ -102,6 +109,11 @@ class MMGRPOConfig(BaseModel):
     auto_trace_repeats: int = Field(2, ge=1, description="rollouts per traced example")
     auto_dominance: float = Field(
         1.5, gt=1.0, description="a role is dominant when its completion-token share is >= this x 1/(number of roles)")
+    # where the policy (the trained model) lives (wfc.policy); used when compile builds the policy itself
+    device: str = Field("auto", description="auto (CUDA when available, else CPU) | cpu | cuda | cuda:N; training "
+                                            "on CUDA runs under bf16 autocast")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="the policy's weight dtype")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward: less memory, slower")
     # validation
     eval_every: int = Field(5, ge=0, description="validate every N steps (0: only before and after training)")
     keep: Literal["best", "last"] = "best"
@@ -117,6 +129,9 @@ class MMGRPOConfig(BaseModel):
             bad = {k: v for k, v in getattr(self, name).items() if not v > 0}
             if bad:
                 raise ValueError(f"{name} values must be > 0, got {bad}")
+        device = self.device
+        if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
+            raise ValueError(f"device={device!r} is not a device: use 'auto', 'cpu', 'cuda' or 'cuda:N'")
         from compilers.advantages import ADVANTAGES
 
         if self.advantage not in ADVANTAGES:

@@ -2,10 +2,18 @@
 
 One step: sample ``examples_per_step`` examples -> ``group_size`` rollouts of the whole program on each, all in flight
 together (the engine batches them) -> score every rollout with the metric -> group calls per (example, role path,
-invocation) -> group-relative advantages -> one optimizer step per adapter -> ``engine.sync_adapters``: the HF engine
-reads the updated adapters in place (it shares the trainer's model); the vLLM engine (``engine="vllm"``) gets only
-the changed adapters as a new revision, never the base weights. Validation runs before training, every ``eval_every`` steps and at the end;
-every evaluated revision is kept, and the artifact holds the best one (or the last, on request).
+invocation) -> group-relative advantages -> one optimizer step per adapter on the policy -> ``engine.load_adapters``.
+
+Policy and engine apart: the **policy** (:class:`wfc.policy.Policy`: the base model, its adapters, optimizers'
+parameters, revisions, checkpoints, the manifest's base checksum) is all the trainer touches; the **engine** only
+generates. After every weight change (creation, update, rollback, restore, the final keep) the changed adapters are
+handed over with the engine's one weight method, ``load_adapters(policy.export(names))``: the HF engine shares the
+policy's model (colocated: a no-op); the vLLM engines get only those adapters' tensors, never the base weights.
+Where the policy lives: ``device`` (``auto``: CUDA when available; bf16 autocast for training there), ``dtype``,
+``gradient_checkpointing`` in :class:`~compilers.config.MMGRPOConfig`, used when compile builds the policy.
+
+Validation runs before training, every ``eval_every`` steps and at the end; every evaluated revision is kept, and the
+artifact holds the best one (or the last, on request).
 
 Backends map roles to adapters (``backends.resolve_backend``): ``shared`` (one adapter for all roles), ``isolated``
 (one per role), a dict partition, or ``auto`` (``compilers.auto.plan``: traced before training, with reasons).
@@ -24,6 +32,17 @@ Resume (``compilers.checkpoint``): after the step-0 validation and after every s
 checkpointed in ``run_dir/checkpoint/``; ``compile(..., resume=RUN_DIR)`` restores it, cuts ``metrics.jsonl`` back to
 the checkpointed records and continues with the next step. A checkpoint of another config (``steps`` aside), base
 model, plan, data, metric or program class is refused.
+
+Data parallel (``compilers.distributed``; ``torchrun --nproc_per_node N -m wfc.cli compile ...``): every rank runs
+this same compile with its own engine and policy. The sampler draws the same indices everywhere; each rank rolls out,
+scores and credits its contiguous shard of them, and the scored rollouts are gathered back into one process's order,
+so everything after (groups, advantages, dynamic sampling, guards, validation decisions) is identical on every rank.
+Validation shards the valset likewise. The update shards the backward and sums the gradients (``compilers.update``),
+so the adapters stay equal on every rank. The backend plan (``auto``) and bootstrapped demos are computed on rank 0
+and broadcast. Only rank 0 writes the run directory (``metrics.jsonl``, checkpoints, revisions, plots) and shows
+progress; every rank returns the same :class:`CompiledProgram`, and only rank 0 should ``save`` it (the CLI does so).
+With a deterministic engine (a script, greedy decoding) N ranks end with the adapters one process would have (up to
+the summation order of the gradients); sampled rollouts draw other random numbers than one process would.
 """
 
 from __future__ import annotations
@@ -45,27 +64,32 @@ from compilers.config import MMGRPOConfig
 from compilers.group import Group, build_groups
 from compilers.guards import adapter_learning_rates, check_role_keys, cohort_sizes, detect_cliff, fanout_weights
 from compilers.runlog import RunLog
+from compilers.counterfactual import counterfactual_credit
 from compilers.credit import get_credit
+from compilers.distributed import Distributed, SingleProcess, from_env
 from compilers.prompts import apply_demos, bootstrap_demos
 from compilers.sampling import PromptSampler, signal_examples
 from compilers.score import mean_interval, score_rollout
 from compilers.offpolicy import merge_mismatch
-from compilers.update import AdapterOptimizers, update
-from wfc.artifact import CompiledProgram, Manifest, adapter_state, package_versions, restore_adapter
+from compilers.update import AdapterOptimizers, adapter_parameters, update
+from wfc.artifact import CompiledProgram, Manifest, package_versions
 from wfc.engines.base import SamplingParams
+from wfc.policy import Policy, resolve_device
 from wfc.lower import copy_program, roles, run_rollouts
 from wfc.rollout import RolloutGraph
 
 
 def evaluate(program: dspy.Module, examples: Sequence, engine, *, metric: Callable, adapters: Mapping[str, Any],
              max_tokens: int, failure_score: float = 0.0, metric_failure_score: float | None = 0.0,
-             progress: bool | str = False) -> dict[str, Any]:
+             progress: bool | str = False, distributed: Distributed | None = None) -> dict[str, Any]:
     """Greedy accuracy (mean metric) of ``program`` on ``examples`` with the given role -> adapter map, with its 95%
     confidence interval (``interval``). Every example's calls are in flight together, so the engine batches them;
-    ``progress`` (True or a label) shows a bar over finished examples."""
+    ``progress`` (True or a label) shows a bar over finished examples. ``distributed``: each rank runs its shard of
+    ``examples``; every rank returns the result over all of them (``graphs`` in ``examples`` order)."""
     from tqdm.auto import tqdm
 
-    examples = list(examples)
+    distributed = distributed or SingleProcess()
+    examples = distributed.shard(list(examples))
     bar = tqdm(total=len(examples), desc=progress if isinstance(progress, str) else "evaluate", leave=False,
                disable=not progress)
     try:
@@ -76,6 +100,9 @@ def evaluate(program: dspy.Module, examples: Sequence, engine, *, metric: Callab
         bar.close()
     scores = [score_rollout(metric, g, failure_score=failure_score, metric_failure_score=metric_failure_score)
               for g in graphs]
+    if distributed.world > 1:
+        pairs = distributed.gather(list(zip(graphs, scores)))
+        graphs, scores = [g for g, _ in pairs], [x for _, x in pairs]
     calls = [c for g in graphs for c in g.calls]
     return {
         "accuracy": sum(scores) / max(len(scores), 1),
@@ -96,7 +123,7 @@ def _role_stats(graphs: list[RolloutGraph], groups: list[Group]) -> dict[str, di
         mine = [c for c in calls if c.role == role]
         role_groups = [g for g in groups if g.role == role]
         rewards = [r for g in role_groups for r in g.rewards]
-        sampled = [lp for c in mine for lp in c.logprobs]
+        sampled = [lp for c in mine if c.logprobs_known for lp in c.logprobs]
         out[role] = {
             "calls": len(mine),
             "tokens": sum(len(c.completion_ids) for c in mine),
@@ -144,13 +171,23 @@ class MMGRPO:
         self.config = MMGRPOConfig(**{**base, **overrides})
 
     def compile(self, program: dspy.Module, *, trainset: Sequence, valset: Sequence | None = None,
-                model: str = "smollm2-135m", backend: Any = "shared", engine=None,
+                model: str = "smollm2-135m", backend: Any = "shared", engine=None, policy: Policy | None = None,
                 run_dir: str | Path | None = None, program_import_path: str | None = None,
-                progress: bool = True, resume: str | Path | bool | None = None) -> CompiledProgram:
+                progress: bool = True, resume: str | Path | bool | None = None,
+                distributed: Distributed | None = None) -> CompiledProgram:
         """Train ``program``'s roles and return a :class:`CompiledProgram`. The input program is never mutated.
 
+        ``policy`` (a :class:`wfc.policy.Policy`) holds the trained weights; ``engine`` (an engine, or a name:
+        ``"hf"``, ``"vllm"``, ``"vllm-server"``) runs the rollouts. Neither given: a policy on ``model`` (on the
+        config's ``device``/``dtype``) and a colocated HF engine on it. An ``HFEngine`` alone: its own policy. Another
+        engine alone: a policy on the engine's base (its loaded handle where it has one).
+
         ``resume=RUN_DIR`` (or ``resume=True`` with ``run_dir``) continues a killed compile from the checkpoint in
-        that run directory; pass the same arguments otherwise (``steps`` may change)."""
+        that run directory; pass the same arguments otherwise (``steps`` may change).
+
+        ``distributed`` (``compilers.distributed``): the data-parallel ranks this compile is one of; default
+        :func:`~compilers.distributed.from_env` (the ranks of a ``torchrun`` launch, else one process). Every rank
+        must call compile with the same arguments; only rank 0 writes ``run_dir`` and shows progress."""
         cfg = self.config
         run_dir = _resume_dir(resume, run_dir)
         resumed = ckpt.load(run_dir) if resume else None  # verified before any model work: a bad one fails fast
@@ -164,25 +201,28 @@ class MMGRPO:
                                 "dspy.Example(question=..., answer=...).with_inputs('question')")
         valset = list(valset) if valset else []
         student = copy_program(program)
-        if engine is None or isinstance(engine, str):  # a name: "hf" (the default) or "vllm"
-            from wfc.engines import make_engine
-
-            engine = make_engine(engine or "hf", model)
+        if distributed is None:  # before the policy is built: a CUDA rank must be on its own GPU first
+            distributed = from_env(device=policy.device if policy is not None else cfg.device)
+        main = distributed.is_main
+        progress = progress and main
+        engine, policy = _policy_and_engine(engine, policy, model, cfg)
         check_role_keys("role_learning_rates", cfg.role_learning_rates, list(role_map))
         check_role_keys("role_max_grad_norm", cfg.role_max_grad_norm, list(role_map))
+        check_role_keys("counterfactual_roles", {r: 1 for r in cfg.counterfactual_roles if r != "*"}, list(role_map))
         torch.manual_seed(cfg.seed)  # HF sampling draws from torch's global generator; seed it for reproducibility
         if resumed is not None and isinstance(backend, str) and backend == "auto":  # the run's own traced choice
             plan = BackendPlan(resumed.plan["spec"], dict(resumed.plan["role_adapters"]), list(resumed.plan["reasons"]))
         elif isinstance(backend, str) and backend == "auto":
             from compilers.auto import plan as auto_plan
 
-            plan = auto_plan(student, trainset, engine, config=cfg, seed=cfg.seed)
+            plan = distributed.broadcast(auto_plan(student, trainset, engine, config=cfg, seed=cfg.seed)
+                                         if main else None)  # traced once: every rank trains the same plan
             if progress:
                 print(plan.describe())
         else:
             plan = resolve_backend(backend, list(role_map))
         role_adapters = plan.role_adapters
-        fingerprint = ckpt.fingerprint(cfg, base_model=engine.handle.name, base_checksum=engine.handle.checksum,
+        fingerprint = ckpt.fingerprint(cfg, base_model=policy.handle.name, base_checksum=policy.handle.checksum,
                                        role_adapters=role_adapters, trainset=trainset, valset=valset,
                                        metric=self.metric, program=program)
         if resumed is not None:
@@ -190,6 +230,8 @@ class MMGRPO:
             if cfg.steps < resumed.step:
                 raise ValueError(f"steps={cfg.steps} but the checkpoint in {run_dir} is after step {resumed.step}: "
                                  f"resume with steps >= {resumed.step}")
+        if distributed.world > 1:
+            _check_same_compile(distributed, fingerprint)
         rates = adapter_learning_rates(role_adapters, cfg.learning_rate, cfg.role_learning_rates)
         multi_role = any(list(role_adapters.values()).count(a) > 1 for a in plan.adapters)  # balancing applies
         credit = get_credit(cfg.credit)
@@ -201,13 +243,27 @@ class MMGRPO:
             difficulty=[float(ex[cfg.curriculum_key]) for ex in trainset] if cfg.curriculum_key else None,
             curriculum_steps=cfg.curriculum_steps, curriculum_start=cfg.curriculum_start)
         for adapter in plan.adapters:
-            engine.add_adapter(adapter, cfg.lora.peft_config())
-        optimizers = AdapterOptimizers(engine.model, plan.adapters, lr=rates)
-        if resumed is None and ckpt.find(run_dir) is not None:
+            policy.add_adapter(adapter, cfg.lora.peft_config())
+            if distributed.world > 1:  # seeded alike already; rank 0's initial weights make sure of it
+                distributed.broadcast_(adapter_parameters(policy.model, adapter))
+        optimizers = AdapterOptimizers(policy, plan.adapters, lr=rates)
+        handed: dict[str, int] = {}  # adapter -> the revision the engine holds
+
+        def hand_off(names: Sequence[str] | None = None) -> None:
+            """Give the engine every adapter (of ``names``) whose revision it does not hold yet."""
+            changed = [a for a in (plan.adapters if names is None else names)
+                       if handed.get(a) != policy.revision(a)]
+            if changed:
+                revs = policy.export(changed)
+                engine.load_adapters(revs)
+                handed.update({r.name: r.revision for r in revs})
+
+        hand_off()
+        if main and resumed is None and ckpt.find(run_dir) is not None:
             warnings.warn(f"{run_dir} holds the checkpoint of an earlier compile: this one starts over and replaces "
                           f"it; pass resume={str(run_dir)!r} (CLI --resume) to continue that one instead",
                           stacklevel=2)
-        log = RunLog(run_dir)
+        log = RunLog(run_dir, write=main)
         if resumed is None:
             log.append({"kind": "plan", "backend": plan.spec, "roles": role_adapters, "reasons": plan.reasons,
                         "learning_rates": rates})
@@ -218,11 +274,15 @@ class MMGRPO:
         elif cfg.strategy in ("p", "p -> w"):
             t0 = time.time()
             boot: dict[str, Any] = {}
-            demos = bootstrap_demos(student, trainset, engine, metric=self.metric, k=cfg.demos_per_role,
-                                    adapters=role_adapters, n_examples=cfg.bootstrap_examples,
-                                    repeats=cfg.bootstrap_repeats, temperature=cfg.temperature,
-                                    max_tokens=cfg.max_tokens, seed=cfg.seed,
-                                    metric_failure_score=cfg.metric_failure_score, stats=boot)
+            demos = None
+            if main:  # bootstrapped once: every rank trains with the same demos
+                demos = bootstrap_demos(student, trainset, engine, metric=self.metric, k=cfg.demos_per_role,
+                                        adapters=role_adapters, n_examples=cfg.bootstrap_examples,
+                                        repeats=cfg.bootstrap_repeats, temperature=cfg.temperature,
+                                        max_tokens=cfg.max_tokens, seed=cfg.seed,
+                                        metric_failure_score=cfg.metric_failure_score, labeled=cfg.labeled_demos,
+                                        stats=boot)
+            demos, boot = distributed.broadcast((demos, boot))
             counts = apply_demos(student, demos)
             st.spent += boot["completion_tokens"]
             log.append({"kind": "demos", "strategy": cfg.strategy, "counts": counts, **boot,
@@ -237,14 +297,14 @@ class MMGRPO:
 
         def validate(step: int) -> float | None:
             if not valset:
-                revisions[step] = {a: adapter_state(engine.model, a) for a in plan.adapters}
+                revisions[step] = {a: policy.adapter_state(a) for a in plan.adapters}
                 return None
             t0 = time.time()
             res = evaluate(student, valset, engine, metric=self.metric, adapters=role_adapters,
                            max_tokens=eval_tokens, failure_score=cfg.failure_score, progress=progress and "validate",
                            metric_failure_score=cfg.metric_failure_score if cfg.metric_failure_score is not None
-                           else cfg.failure_score)
-            revisions[step] = {a: adapter_state(engine.model, a) for a in plan.adapters}
+                           else cfg.failure_score, distributed=distributed)
+            revisions[step] = {a: policy.adapter_state(a) for a in plan.adapters}
             record = {"kind": "eval", "step": step, "val_accuracy": res["accuracy"], "n": res["n"],
                       "interval": [round(x, 4) for x in res["interval"]],
                       "format_error_rate": res["format_error_rate"], "crash_rate": res["crash_rate"],
@@ -263,9 +323,9 @@ class MMGRPO:
             moved = [a for a in plan.adapters
                      if any(not torch.equal(v, best[a][k]) for k, v in revisions[step][a].items())]
             for adapter in moved:
-                restore_adapter(engine.model, adapter, best[adapter])
+                policy.restore_adapter(adapter, best[adapter])
                 optimizers.scale_lr(adapter, cfg.cliff_lr_factor)
-            engine.sync_adapters(moved)
+            hand_off(moved)
             event = {"kind": "cliff", "action": "rollback", "step": step, "from_step": step, "to_step": cliff.best_step,
                      "best_accuracy": cliff.best_accuracy, "fell_at": list(cliff.steps),
                      "accuracies": list(cliff.accuracies), "drop": cfg.cliff_drop, "patience": cfg.cliff_patience,
@@ -278,20 +338,37 @@ class MMGRPO:
 
         from tqdm.auto import tqdm
 
+        cf_cost = {"runs": 0, "completion_tokens": 0}  # counterfactual credit's cost in the current step
+
         def roll_out(indices: list[int]) -> list[list[RolloutGraph]]:
-            rollouts = run_rollouts(student, [trainset[i] for i in indices], engine, repeats=cfg.group_size,
-                                    adapters=role_adapters, sampling=sampling)
+            """The scored, credited rollouts of ``indices`` (this rank's shard run here, the rest gathered)."""
+            examples = [trainset[i] for i in distributed.shard(indices)]
+            rollouts = run_rollouts(student, examples, engine, repeats=cfg.group_size, adapters=role_adapters,
+                                    sampling=sampling) if examples else []
+            cost = {k: 0 for k in cf_cost}
             for graphs in rollouts:
                 for g in graphs:
                     score_rollout(self.metric, g, failure_score=cfg.failure_score,
                                   metric_failure_score=cfg.metric_failure_score)
                     credit(self.metric, g, metric_failure_score=cfg.metric_failure_score)
+            if cfg.counterfactual_roles and examples:
+                cost = counterfactual_credit(student, examples, rollouts, engine, metric=self.metric,
+                                             roles=cfg.counterfactual_roles, adapters=role_adapters,
+                                             sampling=sampling, failure_score=cfg.failure_score,
+                                             metric_failure_score=cfg.metric_failure_score)
+            if distributed.world > 1:  # every rank: the whole draw, in the order of indices
+                parts = distributed.gather([(rollouts, cost)])
+                rollouts = [graphs for part, _ in parts for graphs in part]
+                cost = {k: sum(c[k] for _, c in parts) for k in cost}
+            for k in cf_cost:
+                cf_cost[k] += cost[k]
             return rollouts
 
         def collect() -> tuple[list[list[RolloutGraph]], dict[str, Any]]:
             """The step's rollouts: ``examples_per_step`` examples, or (dynamic sampling) as many examples with
             signal, drawing replacements for flat ones for up to ``max_draw_rounds`` rounds."""
             quota, kept, drawn, flat, rounds, rewards, tokens = cfg.examples_per_step, [], [], 0, 0, [], 0
+            cf_cost.update(runs=0, completion_tokens=0)
             while len(kept) < quota and rounds < (cfg.max_draw_rounds if cfg.dynamic_sampling else 1):
                 rate = len(kept) / len(drawn) if drawn else 1.0  # oversample by the signal rate seen so far
                 want = min(2 * quota, math.ceil((quota - len(kept)) / max(rate, 1 / 3)))
@@ -312,8 +389,9 @@ class MMGRPO:
                         flat += 1
                 rounds += 1
             sampler.advance()
+            tokens += cf_cost["completion_tokens"]  # the budget counts what counterfactual reruns generated
             return kept, {"reward_mean_drawn": statistics.fmean(rewards) if rewards else None,
-                          "completion_tokens": tokens,
+                          "completion_tokens": tokens, "counterfactual": dict(cf_cost),
                           "examples_drawn": len(drawn), "examples_kept": len(kept), "examples_flat": flat,
                           "draw_rounds": rounds, "sampler": sampler.summary()}
 
@@ -321,7 +399,9 @@ class MMGRPO:
 
         def checkpoint(step: int) -> None:
             st.step = step
-            ckpt.save(run_dir, loop=st, model=engine.model, adapters=plan.adapters, optimizers=optimizers,
+            if not main:  # one writer; every rank holds the same state
+                return
+            ckpt.save(run_dir, loop=st, policy=policy, adapters=plan.adapters, optimizers=optimizers,
                       sampler=sampler, student=student, fingerprint=fingerprint, plan={"spec": plan.spec, "role_adapters": role_adapters, "reasons": plan.reasons},
                       revision_files=revision_files)
 
@@ -330,11 +410,16 @@ class MMGRPO:
             st.best_step, st.best_val = 0, st.val
             checkpoint(0)
         else:
-            log.records = ckpt.restore_log(resumed)
-            ckpt.drop_later_revisions(run_dir, resumed.step)
+            if main:  # cuts metrics.jsonl back; the other ranks read it after
+                log.records = ckpt.restore_log(resumed)
+                ckpt.drop_later_revisions(run_dir, resumed.step)
+            distributed.barrier()
+            if not main:
+                log.records = ckpt.restore_log(resumed)
             revision_files = resumed.revision_files()
-            st = ckpt.restore(resumed, engine=engine, adapters=plan.adapters, optimizers=optimizers,
+            st = ckpt.restore(resumed, policy=policy, engine=engine, adapters=plan.adapters, optimizers=optimizers,
                               sampler=sampler, student=student)  # RNGs last: nothing draws before the next step
+            handed.update({a: policy.revision(a) for a in plan.adapters})  # restore handed them over
             revisions = st.revisions
             log.append({"kind": "resume", "after_step": st.step, "checkpoint": str(resumed.path)})
             if progress:
@@ -366,9 +451,10 @@ class MMGRPO:
                     g.advantages = [a * scales[g.role] for a in g.advantages]
             t1 = time.time()
             weights = fanout_weights(groups) if cfg.fanout_scaling else {}
-            upd = update(engine, optimizers, groups, role_adapters, config=cfg, weights=weights)
+            upd = update(policy, optimizers, groups, role_adapters, config=cfg, weights=weights,
+                         distributed=distributed)
             t_sync = time.time()
-            engine.sync_adapters(plan.adapters)  # adapter-only hand-off (a no-op where rollouts share the model)
+            hand_off()  # adapter-only hand-off of what the step changed (a no-op where rollouts share the model)
             t_sync = time.time() - t_sync
             st.current = step
             graphs = [g for gs in rollouts for g in gs]
@@ -417,13 +503,13 @@ class MMGRPO:
         best_step, best_val = st.best_step, st.best_val
         keep_step = best_step if (cfg.keep == "best" and best_val is not None) else st.current
         for adapter, state in revisions[keep_step].items():
-            restore_adapter(engine.model, adapter, state)
-        engine.sync_adapters(plan.adapters)
+            policy.restore_adapter(adapter, state)
+        hand_off()
         log.plot()
         manifest = Manifest(
             name=getattr(program, "name", "") or type(program).__name__,
-            base_model=engine.handle.name,
-            base_model_checksum=engine.handle.checksum,
+            base_model=policy.handle.name,
+            base_model_checksum=policy.handle.checksum,
             program_import_path=program_import_path,
             program_class=f"{type(program).__module__}:{type(program).__qualname__}",
             roles=role_adapters,
@@ -437,7 +523,47 @@ class MMGRPO:
             sampling={"temperature": 0.0, "max_tokens": eval_tokens},
             package_versions=package_versions(),
         )
-        return CompiledProgram(student, engine, manifest, revisions=revisions, run_dir=run_dir)
+        return CompiledProgram(student, engine, manifest, policy=policy, revisions=revisions, run_dir=run_dir)
+
+
+def _check_same_compile(distributed: Distributed, fingerprint: Mapping[str, Any]) -> None:
+    """Every rank must run the same compile (config, base weights, plan, data, metric, program): else the gathered
+    steps would mix different problems. ValueError on every rank, naming what differs from rank 0."""
+    import json
+
+    mine = json.dumps(fingerprint, sort_keys=True, default=str)
+    ranks = distributed.gather([mine])
+    bad = {r: f for r, f in enumerate(ranks) if f != ranks[0]}
+    if bad:
+        first = json.loads(ranks[0])
+        r, theirs = next(iter(bad.items()))
+        keys = sorted(k for k, v in json.loads(theirs).items() if first.get(k) != v)
+        raise ValueError(f"rank {r} of {distributed.world} compiles something else than rank 0 (differs in {keys}): "
+                         "launch every rank with the same program, data, config, seed and base model")
+
+
+def _policy_and_engine(engine, policy: Policy | None, model: str, cfg: MMGRPOConfig):
+    """The (engine, policy) pair of a compile (see ``MMGRPO.compile``). A policy given or taken from an HF engine
+    is used where it lives; an explicit ``cfg.device`` that disagrees with it is a ValueError."""
+    from wfc.engines.hf import HFEngine
+    from wfc.models import ModelHandle
+
+    if policy is None and isinstance(engine, HFEngine):
+        policy = engine.policy
+    if policy is None:
+        handle = getattr(engine, "handle", None)
+        base = handle if isinstance(handle, ModelHandle) else model
+        policy = Policy(base, device=cfg.device, dtype=cfg.dtype, gradient_checkpointing=cfg.gradient_checkpointing)
+    elif cfg.device != "auto" and resolve_device(cfg.device) != policy.device:
+        raise ValueError(f"device={cfg.device!r} but the policy lives on {policy.device}: build the policy (or the "
+                         f"HF engine) with device={cfg.device!r}, or leave device='auto'")
+    if engine is None or engine == "hf":
+        engine = HFEngine(policy=policy)
+    elif isinstance(engine, str):  # "vllm" or "vllm-server": its own copy of the base, adapters handed over
+        from wfc.engines import make_engine
+
+        engine = make_engine(engine, policy.handle)  # the loaded base, shared: vLLM reads its path
+    return engine, policy
 
 
 def _resume_dir(resume: str | Path | bool | None, run_dir: str | Path | None) -> Path:

@@ -4,16 +4,27 @@
 (the artifact saves them: they are part of the program's DSPy state, ``predictor.demos``); ``"p"`` stops after the
 demos (prompt optimization alone, the baseline weights must beat).
 
-The rule is DSPy's ``BootstrapFewShot``: run the program on training examples, keep the runs the metric passes, and
-take each role's own call of a kept run (its input values and its parsed outputs) as a demonstration for that role.
-It is done here on wfc's engine rather than by calling ``dspy.BootstrapFewShot`` because that optimizer runs examples
-one by one, while rollouts here are generated in batches (32 examples x 2 runs in about the time of two calls), and
-because demos must be keyed by role path: two roles built from one Signature are two roles.
+Two DSPy rules, in this order, keyed by role path (two roles built from one Signature are two roles):
 
-Invariants: a demo comes from a run whose reward has full marks; a call that answers the task itself (its outputs
-hold every final output field) must also have full marks on its own answer (a voter the aggregator overruled is not a
-demo); at most one demo per training example per role, so the demos of a role cover different problems; the same
-inputs, seed and engine give the same demos.
+1. ``LabeledFewShot`` for *labeled* roles (``labeled=True``): a role whose input fields are all inputs of the training examples and
+   whose output fields are all labels of them (Voting's voters, EvalOpt's generator: roles that answer the task from
+   its own inputs) takes ``(inputs, gold labels)`` of training examples as demos, no run needed. A demo teaches its
+   form as much as its answer: a bare gold label teaches answering at once, which suits models that can; measured on
+   SmolLM2-135M (arithmetic word problems) it is worse than the model's own short worked answers ("3 + 19 = 22"),
+   so it is off by default.
+2. ``BootstrapFewShot`` for the rest, with the labeled demos already in place: run the program on training examples
+   (greedy once, then sampled), keep the runs the metric passes, and take each remaining role's own call of a kept
+   run (its input values and its parsed outputs, as the model wrote them) as its demo; of an example's passing calls
+   of a role, the shortest one that ended on its own (not cut at ``max_tokens``).
+
+It is done on wfc's engine rather than by calling ``dspy.BootstrapFewShot`` because that optimizer runs examples one
+by one, while rollouts here are generated in batches (32 examples x 2 runs in about the time of two calls).
+
+Invariants: every demo has full marks under the metric (a labeled demo's gold answer is checked too: a metric that
+does not pass its own gold label gives no labeled demos); a call that answers the task itself (its outputs hold every
+final output field) must also have full marks on its own answer (a voter the aggregator overruled is not a demo); at
+most one demo per training example per role, so the demos of a role cover different problems; the same inputs, seed
+and engine give the same demos.
 """
 
 from __future__ import annotations
@@ -32,28 +43,79 @@ from wfc.lower import roles, run_rollouts
 def bootstrap_demos(program: dspy.Module, trainset: Sequence[dspy.Example], engine, *, metric: Callable,
                     k: int, adapters: Mapping[str, str | None] | None = None, n_examples: int = 32,
                     repeats: int = 2, temperature: float = 0.7, max_tokens: int = 64, seed: int = 0,
-                    metric_failure_score: float | None = 0.0,
+                    metric_failure_score: float | None = 0.0, labeled: bool = False,
                     stats: dict[str, Any] | None = None) -> dict[str, list[dspy.Example]]:
     """Role path -> up to ``k`` demonstrations (``dspy.Example`` with the role's input and output fields).
-    ``stats``, when given, receives ``runs``, ``passing_runs`` and ``completion_tokens`` (the budget spent)."""
+    ``labeled=True`` applies rule 1 first. The demos found by rule 1
+    are set on ``program`` while rule 2 runs and taken off again: the input program is left as it was.
+    ``stats``, when given, receives ``labeled`` (roles served by rule 1), ``runs``, ``passing_runs`` and
+    ``completion_tokens`` (the budget spent)."""
+    by_path = roles(program)
     if k <= 0:
-        return {role: [] for role in roles(program)}
+        return {role: [] for role in by_path}
     rng = random.Random(seed)
     pool = rng.sample(list(trainset), min(n_examples, len(trainset)))
+    demos: dict[str, list[dspy.Example]] = {role: [] for role in by_path}
+    first = labeled_demos(program, pool, metric=metric, k=k, metric_failure_score=metric_failure_score) \
+        if labeled else {}
+    demos.update(first)
+    if stats is not None:
+        stats.update(labeled=sorted(first), runs=0, passing_runs=0, completion_tokens=0)
+    rest = [role for role in by_path if role not in first]
+    if not rest:
+        return demos
+    saved = {role: list(by_path[role].demos) for role in first}
+    apply_demos(program, first)
+    try:
+        _bootstrap(program, pool, engine, demos, rest, metric=metric, k=k, adapters=adapters, repeats=repeats,
+                   temperature=temperature, max_tokens=max_tokens, metric_failure_score=metric_failure_score,
+                   stats=stats)
+    finally:
+        apply_demos(program, saved)
+    return demos
+
+
+def labeled_roles(program: dspy.Module, example: dspy.Example) -> list[str]:
+    """Roles whose inputs are all inputs of ``example`` and whose outputs are all its labels (rule 1)."""
+    inputs = set(example.inputs().keys())
+    labels = set(example.labels().keys())
+    return [role for role, p in roles(program).items()
+            if set(p.signature.input_fields) <= inputs and set(p.signature.output_fields) <= labels]
+
+
+def labeled_demos(program: dspy.Module, pool: Sequence[dspy.Example], *, metric: Callable, k: int,
+                  metric_failure_score: float | None = 0.0) -> dict[str, list[dspy.Example]]:
+    """Rule 1: for every labeled role, the first ``k`` examples of ``pool`` whose gold labels the metric passes."""
+    if not pool:
+        return {}
+    out: dict[str, list[dspy.Example]] = {}
+    passing = [ex for ex in pool
+               if call_metric(metric, dict(ex.items()), dict(ex.labels().items()),
+                              metric_failure_score=metric_failure_score) >= FULL_MARKS]
+    for role in labeled_roles(program, pool[0]):
+        sig = roles(program)[role].signature
+        out[role] = [dspy.Example(**{f: ex[f] for f in sig.input_fields}, **{f: ex[f] for f in sig.output_fields})
+                     .with_inputs(*sig.input_fields) for ex in passing[:k]]
+    return {role: items for role, items in out.items() if items}
+
+
+def _bootstrap(program: dspy.Module, pool: list, engine, demos: dict[str, list[dspy.Example]], wanted: list[str], *,
+               metric: Callable, k: int, adapters, repeats: int, temperature: float, max_tokens: int,
+               metric_failure_score: float | None, stats: dict[str, Any] | None) -> None:
+    """Rule 2: fill ``demos[role]`` for the roles in ``wanted`` from the program's own passing runs on ``pool``."""
     runs = run_rollouts(program, pool, engine, adapters=adapters,
                         sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens))
     if repeats > 1:
         sampled = run_rollouts(program, pool, engine, repeats=repeats - 1, adapters=adapters,
                                sampling=SamplingParams(temperature=temperature, max_tokens=max_tokens))
         runs = [a + b for a, b in zip(runs, sampled)]
-    demos: dict[str, list[dspy.Example]] = {role: [] for role in roles(program)}
     if stats is not None:
         graphs = [g for gs in runs for g in gs]
         stats["runs"] = len(graphs)
         stats["completion_tokens"] = sum(len(c.completion_ids) for g in graphs for c in g.calls)
         stats["passing_runs"] = 0
     for graphs in runs:
-        used: set[str] = set()
+        best: dict[str, tuple[tuple[bool, int], dict, dict]] = {}  # role -> (sort key, inputs, outputs)
         for graph in graphs:
             score_rollout(metric, graph, failure_score=0.0, metric_failure_score=metric_failure_score)
             if graph.status != "ok" or graph.reward is None or graph.reward < FULL_MARKS:
@@ -62,15 +124,19 @@ def bootstrap_demos(program: dspy.Module, trainset: Sequence[dspy.Example], engi
                 stats["passing_runs"] += 1
             final = set(graph.outputs or {})
             for call in graph.calls:
-                if call.role in used or call.inputs is None or not call.outputs or len(demos[call.role]) >= k:
+                if call.role not in wanted or call.inputs is None or not call.outputs:
                     continue
                 if final <= set(call.outputs) and call_metric(
                         metric, graph.example, {f: call.outputs[f] for f in final},
                         metric_failure_score=metric_failure_score) < FULL_MARKS:
                     continue
-                demos[call.role].append(dspy.Example(**call.inputs, **call.outputs).with_inputs(*call.inputs))
-                used.add(call.role)
-    return demos
+                # the shortest passing call that ended on its own: a demo cut off at max_tokens teaches rambling
+                key = (call.finish_reason == "length", len(call.completion_ids))
+                if call.role not in best or key < best[call.role][0]:
+                    best[call.role] = (key, dict(call.inputs), dict(call.outputs))
+        for role, (_, inputs, outputs) in best.items():
+            if len(demos[role]) < k:
+                demos[role].append(dspy.Example(**inputs, **outputs).with_inputs(*inputs))
 
 
 def apply_demos(program: dspy.Module, demos: Mapping[str, list[dspy.Example]]) -> dict[str, int]:

@@ -1,4 +1,7 @@
-"""The run log: one JSON line per step (and per validation) in ``metrics.jsonl``, and PNG curves at the end."""
+"""The run log: one JSON line per step (and per validation) in ``metrics.jsonl``, and PNG curves at the end.
+
+``write=False`` keeps the records in memory only (no directory, no file, no plot): the log of a data-parallel rank
+other than the main one, so only one process writes the run directory."""
 
 from __future__ import annotations
 
@@ -8,19 +11,25 @@ from typing import Any
 
 
 class RunLog:
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, *, write: bool = True):
         self.dir = Path(run_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.write = write
+        if write:
+            self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
         self.records: list[dict[str, Any]] = []
 
     def append(self, record: dict[str, Any]) -> None:
         self.records.append(record)
+        if not self.write:
+            return
         with open(self.path, "a") as f:
             f.write(json.dumps(record, default=float) + "\n")
 
     def plot(self) -> Path | None:
         """reward and validation accuracy over steps -> curves.png; per-role reward -> roles.png."""
+        if not self.write:
+            return None
         import matplotlib
 
         matplotlib.use("Agg")

@@ -22,6 +22,13 @@ common normalisation, so the parts sum to the whole loss) is measured and, with 
 ``max_grad_norm`` before the roles are summed; the sum is then clipped to the adapter's ``max_grad_norm``. Both norms
 are in the stats. Cost: one extra gradient buffer per adapter (LoRA-sized) and no extra forward tokens, except that
 rows of different roles with identical prompts are no longer packed together.
+
+Data parallel (``compilers.distributed``): every rank holds all of the step's rows, so the denominators (the
+adapter's tokens / rows, the longest completion, role masses and balance weights) are global on every rank. Each
+rank runs the forward/backward of its contiguous shard of each role's packs (rows sharing a prompt stay together),
+and each role's gradient contribution is summed over the ranks before its norm and clip: the clipped sums, the
+final clip and the optimizer step are then identical on every rank. Reported losses, clip fractions and log-prob
+mismatch are over all ranks.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from compilers.distributed import Distributed, SingleProcess
 from compilers.group import Group
 from compilers.guards import balance_weights, role_mass
 from compilers.loss import policy_loss
@@ -63,7 +71,8 @@ def rows_from_groups(groups: Sequence[Group], role_adapters: dict[str, str], *,
         for m, a in zip(g.members, g.advantages):
             if m.call.completion_ids:
                 w = (weights or {}).get((g.example, g.role, g.invocation, m.rollout), 1.0)
-                lps = list(m.call.logprobs) if len(m.call.logprobs) == len(m.call.completion_ids) else None
+                known = m.call.logprobs_known and len(m.call.logprobs) == len(m.call.completion_ids)
+                lps = list(m.call.logprobs) if known else None
                 rows.append(Row(role_adapters[g.role], g.role, tuple(m.call.prompt_ids), list(m.call.completion_ids),
                                 float(a), w, lps))
     return rows
@@ -87,6 +96,10 @@ class AdapterOptimizers:
     """One AdamW state per adapter: an adapter's update never touches another's moments or learning rate."""
 
     def __init__(self, model, adapters: Sequence[str], *, lr: float | dict[str, float]):
+        """``model``: a :class:`wfc.policy.Policy` (or its peft model)."""
+        from wfc.policy import Policy
+
+        model = model.model if isinstance(model, Policy) else model
         self.optimizers = {}
         for a in adapters:
             rate = lr[a] if isinstance(lr, dict) else lr
@@ -102,8 +115,9 @@ class AdapterOptimizers:
 
 def _pad(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(t.shape[0] for t in tensors)
-    out = torch.zeros(len(tensors), width, dtype=tensors[0].dtype)
-    mask = torch.zeros(len(tensors), width, dtype=torch.bool)
+    device = tensors[0].device  # the policy's device: the loss is computed where the log-probs are
+    out = torch.zeros(len(tensors), width, dtype=tensors[0].dtype, device=device)
+    mask = torch.zeros(len(tensors), width, dtype=torch.bool, device=device)
     for i, t in enumerate(tensors):
         out[i, : t.shape[0]] = t
         mask[i, : t.shape[0]] = True
@@ -129,8 +143,9 @@ class _Part:
     old: dict[int, list[torch.Tensor]]
 
 
-def _part(rows: list[Row], token_budget: int) -> _Part:
-    packs = _packs(rows)
+def _part(rows: list[Row], token_budget: int, distributed: Distributed) -> _Part:
+    """``rows``' packs (this rank's contiguous shard of them), their packed groups and micro-batch plan."""
+    packs = distributed.shard(_packs(rows))
     groups = [(list(p), [rows[i].completion_ids for i in idx]) for p, idx in packs]
     return _Part(rows, packs, groups, plan_microbatches([packed_length(g) for g in groups], token_budget), {})
 
@@ -155,7 +170,8 @@ def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], tot
                 flat_old.append(old_t)
                 engine = part.rows[i].engine_logprobs
                 # unknown engine log-probs: weight 1 (engine == trainer), and the row adds no mismatch
-                flat_engine.append(torch.tensor(engine, dtype=old_t.dtype) if engine is not None else old_t.detach())
+                flat_engine.append(torch.tensor(engine, dtype=old_t.dtype, device=old_t.device) if engine is not None
+                                   else old_t.detach())
                 adv.append(part.rows[i].advantage)
                 weights.append(weight(part.rows[i]))
         logprobs, mask = _pad(flat)
@@ -171,9 +187,9 @@ def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], tot
                 ref_lps = packed_logprobs(model, mb_groups, token_budget=1 << 30, temperature=temperature)
             ref, _ = _pad([t for group in ref_lps for t in group])
         loss, st = policy_loss(
-            logprobs, old_lp, torch.tensor(adv), mask, aggregation=config.loss_aggregation,
+            logprobs, old_lp, torch.tensor(adv, device=logprobs.device), mask, aggregation=config.loss_aggregation,
             clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high, ref_logprobs=ref, beta=config.beta,
-            importance_weights=iw, weights=torch.tensor(weights),
+            importance_weights=iw, weights=torch.tensor(weights, device=logprobs.device),
             max_tokens=max_tokens if config.loss_aggregation == "constant" else None,
         )
         # this micro-batch's share of the adapter's whole step: parts of all roles sum to the adapter's loss
@@ -186,7 +202,8 @@ def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], tot
 
 def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, config,
                    max_grad_norm: float | None = None, role_max_grad_norm: Mapping[str, float] | None = None,
-                   row_weights: dict[str, float] | None = None) -> dict[str, Any]:
+                   row_weights: dict[str, float] | None = None,
+                   distributed: Distributed | None = None) -> dict[str, Any]:
     """One optimizer step of one adapter (already active and trainable) on its rows. Returns diagnostics.
 
     ``row_weights``: role -> multiplier on top of each row's own weight (role balancing). ``role_max_grad_norm``:
@@ -195,7 +212,9 @@ def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, 
     ``grad_norm`` (summed, before the final clip), ``clip_fraction``, and ``roles``: role -> ``grad_norm`` (its own
     contribution, before its clip, last epoch), ``clipped`` (its clip was active), ``rows``, ``trained_rows``;
     ``logprob_mismatch``: engine vs trainer log-probs of the trained rows (``compilers.offpolicy.mismatch_stats``).
+    ``distributed``: the ranks sharing the backward (see the module docstring); every rank passes all ``rows``.
     """
+    distributed = distributed or SingleProcess()
     stats: dict[str, Any] = {"rows": len(rows), "trained_rows": 0, "loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0,
                              "logprob_mismatch": merge_mismatch([]),
                              "roles": {}}
@@ -215,7 +234,7 @@ def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, 
     for r in live:
         by_role.setdefault(r.role, []).append(r)
         stats["roles"][r.role]["trained_rows"] += 1
-    parts = {role: _part(rs, config.token_budget) for role, rs in by_role.items()}
+    parts = {role: _part(rs, config.token_budget, distributed) for role, rs in by_role.items()}
     if config.inner_epochs > 1:
         with torch.no_grad():
             for part in parts.values():
@@ -238,6 +257,13 @@ def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, 
             loss, fracs = _backward(model, part, config=config, weight=weight, total_tokens=total_tokens,
                                     total_rows=total_rows, max_tokens=max_tokens,
                                     mismatch=mismatch if epoch == 0 else None)
+            if distributed.world > 1:  # sum this role's contribution over the ranks before its norm and clip
+                for p in params:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                distributed.all_reduce_([p.grad for p in params])
+                loss = distributed.sum(loss)
+                fracs = distributed.gather(fracs)
             losses.append(loss)
             clip_fracs += fracs
             limit = limits.get(role, math.inf)
@@ -252,13 +278,15 @@ def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, 
         if math.isfinite(norm):
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    mismatch = distributed.gather(mismatch)
     stats.update(loss=sum(losses) / config.inner_epochs, grad_norm=norm,
                  clip_fraction=sum(clip_fracs) / max(len(clip_fracs), 1), logprob_mismatch=merge_mismatch(mismatch))
     return stats
 
 
-def update(engine, optimizers: AdapterOptimizers, groups: Sequence[Group], role_adapters: dict[str, str], *,
-           config, weights: Mapping[tuple, float] | None = None) -> dict[str, dict[str, Any]]:
+def update(policy, optimizers: AdapterOptimizers, groups: Sequence[Group], role_adapters: dict[str, str], *,
+           config, weights: Mapping[tuple, float] | None = None,
+           distributed: Distributed | None = None) -> dict[str, dict[str, Any]]:
     """One step for every adapter in play; each adapter trains only on its own roles' rows, with its own optimizer.
 
     ``weights``: fan-out row weights (``compilers.guards.fanout_weights``). With ``config.role_balance``, adapters
@@ -266,13 +294,14 @@ def update(engine, optimizers: AdapterOptimizers, groups: Sequence[Group], role_
     role's contribution is clipped at ``config.role_max_grad_norm.get(role, config.max_grad_norm)``.
     Per adapter, the stats add ``roles``: role -> ``mass_share`` (share of the adapter's gradient mass after all
     weights), ``mass_share_raw`` (before role balancing), ``balance_weight``, and the per-role gradient stats.
-    Holds the engine lock: no generation sees a half-updated adapter.
+    Runs under ``policy.training()`` (its lock: no colocated generation sees a half-updated adapter; bf16 autocast
+    on CUDA), and bumps the policy's revision of every adapter the optimizer stepped: hand those to the engine.
+    ``distributed``: the ranks sharing the backward; every rank passes the same (whole step's) ``groups``.
     """
     rows = rows_from_groups(groups, role_adapters, weights=weights)
     unit = "rows" if config.loss_aggregation == "sequence" else "tokens"
     out = {}
-    with engine.lock:
-        model = engine.model
+    with policy.training() as model:
         for adapter, optimizer in optimizers.optimizers.items():
             mine = [r for r in rows if r.adapter == adapter]
             mass = role_mass(mine, unit=unit, beta=config.beta)
@@ -281,7 +310,8 @@ def update(engine, optimizers: AdapterOptimizers, groups: Sequence[Group], role_
             limits = ({role: config.role_max_grad_norm.get(role, config.max_grad_norm) for role in mass}
                       if config.role_clip else {})
             model.set_adapter(adapter)  # only this adapter is active and trainable
-            st = update_adapter(model, optimizer, mine, config=config, role_max_grad_norm=limits, row_weights=balance)
+            st = update_adapter(model, optimizer, mine, config=config, role_max_grad_norm=limits, row_weights=balance,
+                                distributed=distributed)
             total, raw_total = sum(mass[r] * balance[r] for r in mass), sum(mass.values())
             for role in mass:
                 st["roles"].setdefault(role, {}).update(
@@ -289,5 +319,6 @@ def update(engine, optimizers: AdapterOptimizers, groups: Sequence[Group], role_
                     mass_share_raw=mass[role] / raw_total if raw_total else 0.0,
                     balance_weight=balance[role])
             out[adapter] = st
-        model.eval()
+            if st["trained_rows"]:
+                policy.mark_changed(adapter)
     return out

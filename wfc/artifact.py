@@ -89,28 +89,33 @@ def package_versions() -> dict[str, str]:
 
 
 def adapter_state(model, adapter: str) -> dict[str, Any]:
-    """A CPU copy of one adapter's weights (peft's own keying, adapter name stripped)."""
-    from peft import get_peft_model_state_dict
+    """A CPU copy of one adapter's weights (peft's own keying, adapter name stripped). ``model``: a
+    :class:`wfc.policy.Policy` (its :meth:`~wfc.policy.Policy.adapter_state`) or a peft model."""
+    from wfc.policy import Policy, peft_adapter_state
 
-    return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(model, adapter_name=adapter).items()}
+    return model.adapter_state(adapter) if isinstance(model, Policy) else peft_adapter_state(model, adapter)
 
 
 def restore_adapter(model, adapter: str, state: dict[str, Any]) -> None:
-    """Write ``state`` (from :func:`adapter_state`) back into ``adapter`` exactly."""
-    from peft import set_peft_model_state_dict
+    """Write ``state`` (from :func:`adapter_state`) back into ``adapter`` exactly. ``model``: a
+    :class:`wfc.policy.Policy` (which then bumps the adapter's revision) or a peft model."""
+    from wfc.policy import Policy, peft_restore_adapter
 
-    result = set_peft_model_state_dict(model, state, adapter_name=adapter)
-    unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
-    if unexpected:
-        raise ArtifactError(f"adapter {adapter!r}: unexpected weights {unexpected[:3]}")
+    try:
+        if isinstance(model, Policy):
+            model.restore_adapter(adapter, state)
+        else:
+            peft_restore_adapter(model, adapter, state)
+    except ValueError as exc:
+        raise ArtifactError(str(exc)) from exc
 
 
-def write_adapter(model, adapter: str, state: dict[str, Any], path: Path) -> None:
-    """Write one adapter in standard PEFT format (loadable by peft and vLLM as it is)."""
+def write_adapter(config, state: dict[str, Any], path: Path) -> None:
+    """Write one adapter (its peft ``LoraConfig`` and its tensors, peft-keyed) in standard PEFT format, loadable by
+    peft and vLLM as it is. ``write_adapter(rev.config, rev.tensors, path)`` writes an exported ``AdapterRevision``."""
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
-    config = model.peft_config[adapter]
     config.save_pretrained(str(path))
     save_file({k: v.contiguous() for k, v in state.items()}, str(path / "adapter_model.safetensors"),
               metadata={"format": "pt"})
@@ -171,21 +176,25 @@ def verify(path: Path, manifest: Manifest, *, under: tuple[str, ...] = ("program
 class CompiledProgram(dspy.Module):
     """A program bound to trained adapters on a resident base model. Call it like the original program.
 
+    ``engine`` runs its roles; ``policy`` (a :class:`wfc.policy.Policy`, by default the engine's own when it has
+    one, as an ``HFEngine`` does) holds the adapter weights that :meth:`save` writes.
+
     A ``dspy.Module``: it can be nested in another program (its roles appear under their own dotted paths below the
     attribute that holds it, e.g. ``team.voter``) and compiled again. Run on its own, its roles call this artifact's
     adapters on its engine; inside a program whose predictors a tracer has bound (``wfc.lower.bind``), they follow
     that binding, so the enclosing compile can train them further.
     """
 
-    _SHARED = ("engine", "manifest", "revisions", "run_dir")  # never deep-copied: a copy runs on the same engine
+    _SHARED = ("engine", "policy", "manifest", "revisions", "run_dir")  # never deep-copied: a copy runs on the same engine
 
-    def __init__(self, program: dspy.Module, engine, manifest: Manifest, *,
+    def __init__(self, program: dspy.Module, engine, manifest: Manifest, *, policy=None,
                  revisions: dict[int, dict[str, dict[str, Any]]] | None = None, run_dir: Path | None = None):
         from wfc.lower import copy_program
 
         super().__init__()
         self.program = copy_program(program)
         self.engine = engine
+        self.policy = policy if policy is not None else getattr(engine, "policy", None)
         self.manifest = manifest
         self.revisions = revisions or {}
         self.run_dir = Path(run_dir) if run_dir else None
@@ -232,8 +241,11 @@ class CompiledProgram(dspy.Module):
         if found.structure is None:
             log.warning("the program will need program_import_path= or trust_code=True to load: %s",
                         found.source.structure_error)
+        policy = self.policy
+        if policy is None:
+            raise ValueError("this CompiledProgram has no policy holding its adapters: build it with "
+                             "CompiledProgram(..., policy=policy), as compile and load do")
         with _atomic_dir(target) as tmp:
-            model = self.engine.model
             _write_pickle(self.program, tmp / "program", found.local_modules)
             (tmp / "program" / "state.json").write_text(json.dumps(self.program.dump_state(), default=str, indent=1))
             if found.structure is not None:
@@ -242,10 +254,10 @@ class CompiledProgram(dspy.Module):
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                 (tmp / rel).write_text(text)
             for adapter in sorted({a for a in self.roles.values() if a is not None}):
-                write_adapter(model, adapter, adapter_state(model, adapter), tmp / "adapters" / adapter)
+                write_adapter(policy.lora_config(adapter), policy.adapter_state(adapter), tmp / "adapters" / adapter)
             for step, states in sorted(self.revisions.items()):
                 for adapter, state in states.items():
-                    write_adapter(model, adapter, state, tmp / "revisions" / str(step) / adapter)
+                    write_adapter(policy.lora_config(adapter), state, tmp / "revisions" / str(step) / adapter)
             if self.run_dir is not None:
                 for name in ("metrics.jsonl", "curves.png", "roles.png"):
                     if (self.run_dir / name).exists():
@@ -341,20 +353,27 @@ def _restore_program(path: Path, manifest: Manifest, *, trust_code: bool,
     return program
 
 
-def load(path: str | os.PathLike, *, engine=None, model: str | None = None, trust_code: bool = False,
-         program_import_path: str | None = None) -> CompiledProgram:
-    """Load an artifact as a runnable program on the HF engine (or the given engine).
+def load(path: str | os.PathLike, *, engine=None, policy=None, model: str | None = None, device: str = "auto",
+         trust_code: bool = False, program_import_path: str | None = None) -> CompiledProgram:
+    """Load an artifact as a runnable program: its adapters go into a :class:`wfc.policy.Policy`, and the engine
+    runs them.
 
+    No ``engine``: a policy (``policy``, else a new one on ``model or manifest.base_model`` and ``device``) and a
+    colocated :class:`~wfc.engines.hf.HFEngine` on it. A given ``engine`` receives the artifact's adapters through
+    ``engine.load_adapters``; the policy holding them is ``policy``, else the engine's own (an ``HFEngine``), else a
+    new one on the engine's base (its loaded ``handle`` where it has one, shared rather than loaded twice).
     ``model`` overrides where the base weights come from (e.g. a local copy); its checksum must still match.
     ``trust_code=True`` allows running code shipped in the artifact (its copied source, its pickle): only for
     artifacts from someone you trust. ``program_import_path`` (``'file.py:factory'``) builds the program from your
     own code instead of the artifact's record; its state is then loaded from program/state.json.
     """
-    from wfc.engines.hf import HFEngine
+    from wfc.models import ModelHandle
+    from wfc.policy import Policy
 
     path = Path(path)
     manifest = read_manifest(path)
-    for adapter in sorted({a for a in manifest.roles.values() if a is not None}):
+    adapters = sorted({a for a in manifest.roles.values() if a is not None})
+    for adapter in adapters:
         if not (path / "adapters" / adapter / "adapter_config.json").exists():
             raise ArtifactError(f"{path}: adapter {adapter!r} is missing (adapters/{adapter}/); the artifact is "
                                 "incomplete, re-save it from the compile run")
@@ -364,16 +383,29 @@ def load(path: str | os.PathLike, *, engine=None, model: str | None = None, trus
                                 "only as checksummed safetensors): re-save the artifact from the compile run")
     verify(path, manifest)
     program = _restore_program(path, manifest, trust_code=trust_code, program_import_path=program_import_path)
+    if policy is None:
+        policy = getattr(engine, "policy", None)
+    if policy is None:
+        handle = getattr(engine, "handle", None)
+        base = model or (handle if isinstance(handle, ModelHandle) else None) or manifest.base_model
+        policy = Policy(base, device=device)
+    held = [("the policy", policy.handle)]
+    if isinstance(getattr(engine, "handle", None), ModelHandle):
+        held.append(("the engine", engine.handle))
+    for who, handle in held:
+        if handle.checksum != manifest.base_model_checksum:
+            raise ArtifactError(f"{path} was trained on base {manifest.base_model!r} (checksum "
+                                f"{manifest.base_model_checksum[:12]}), but {who} holds {handle.name!r} "
+                                f"(checksum {handle.checksum[:12]}): load it with model={manifest.base_model!r}")
+    for adapter in adapters:
+        policy.load_adapter(adapter, str(path / "adapters" / adapter))
     if engine is None:
-        engine = HFEngine(model or manifest.base_model)
-    checksum = engine.handle.checksum
-    if checksum != manifest.base_model_checksum:
-        raise ArtifactError(f"{path} was trained on base {manifest.base_model!r} (checksum "
-                            f"{manifest.base_model_checksum[:12]}), but the engine holds {engine.handle.name!r} "
-                            f"(checksum {checksum[:12]}): load it with model={manifest.base_model!r}")
-    for adapter in sorted({a for a in manifest.roles.values() if a is not None}):
-        engine.load_adapter(adapter, str(path / "adapters" / adapter))
-    return CompiledProgram(program, engine, manifest)
+        from wfc.engines.hf import HFEngine
+
+        engine = HFEngine(policy=policy)
+    else:
+        engine.load_adapters(policy.export(adapters))
+    return CompiledProgram(program, engine, manifest, policy=policy)
 
 
 def rollback(path: str | os.PathLike, *, step: int) -> Manifest:

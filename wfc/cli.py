@@ -149,6 +149,8 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     for flag, field in (("--lr", "learning_rate"), ("--temperature", "temperature")):
         p.add_argument(flag, dest=field, type=float, default=None)
     p.add_argument("--model", default="smollm2-135m", help="base model [smollm2-135m]")
+    p.add_argument("--device", dest="device", default=None,
+                   help="where the trained policy lives: auto (CUDA when available) | cpu | cuda | cuda:N [auto]")
     p.add_argument("--backend", default="shared",
                    help="shared | isolated | auto | JSON dict role -> adapter group [shared]")
     _engine_args(p, help="rollout engine: hf, vllm (the vllm extra; adapter-only hand-off each step), or "
@@ -218,7 +220,7 @@ def _config_overrides(args: argparse.Namespace) -> dict:
             target = target.setdefault(part, {})
         target[leaf] = value
     for field in ("steps", "group_size", "examples_per_step", "max_tokens", "eval_every", "learning_rate",
-                  "temperature"):
+                  "temperature", "device"):
         if getattr(args, field, None) is not None:
             cfg[field] = getattr(args, field)
     return cfg
@@ -253,14 +255,20 @@ def cmd_compile(args: argparse.Namespace) -> int:
         from compilers.checkpoint import load as load_checkpoint
 
         load_checkpoint(args.resume)
-    engine = make_engine(args.engine, args.model, **_engine_kwargs(args))
+    # hf: compile builds the policy (on --device) and a colocated engine on it; others: their own copy of the base
+    engine_kwargs = _engine_kwargs(args)  # checks the flags first, whatever the engine
+    engine = make_engine(args.engine, args.model, **engine_kwargs) if args.engine != "hf" else None
+    compiled = None
     try:
         compiled = MMGRPO(metric, config=config).compile(program, trainset=trainset, valset=valset, engine=engine,
-                                                         backend=backend, run_dir=args.run_dir,
+                                                         model=args.model, backend=backend, run_dir=args.run_dir,
                                                          program_import_path=args.program, resume=args.resume)
         path = compiled.save(args.out)
     finally:
-        engine.close()
+        if engine is not None:
+            engine.close()
+        elif compiled is not None:
+            compiled.engine.close()
     evals = [r for r in compiled.manifest.history if r["kind"] == "eval"]
     if evals:
         print(f"validation accuracy: {evals[0]['val_accuracy']:.3f} (step 0) -> "
@@ -439,7 +447,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     from compilers.experiment import run_matrix
 
     for field in ("steps", "group_size", "examples_per_step", "max_tokens", "eval_every", "learning_rate",
-                  "temperature"):
+                  "temperature", "device"):
         setattr(args, field, None)
     results = run_matrix(workflows=args.workflows.split(","), backends=args.backends.split(","),
                          tasks=args.tasks.split(","), seeds=[int(s) for s in args.seeds.split(",")],

@@ -119,6 +119,7 @@ class RoleEngine:
             raise
         if node is not None:
             node.prompt_ids, node.completion_ids, node.logprobs = gen.prompt_ids, gen.completion_ids, gen.logprobs
+            node.logprobs_known = gen.logprobs_known
             node.text, node.finish_reason = gen.text, gen.finish_reason
             adapter = dspy.settings.adapter or CompactChatAdapter()
             if not gen.text:  # DSPy rejects an empty response before parsing: so does the graph

@@ -3,7 +3,8 @@
 Data model:
 - ``CallNode``: one LM call. ``role`` is the dotted predictor path (the one identity of a role everywhere);
   ``invocation`` is this call's index among the same role's calls in the rollout, in submission order;
-  ``prompt_ids``/``completion_ids``/``logprobs`` are exactly what the engine saw and produced;
+  ``prompt_ids``/``completion_ids``/``logprobs`` are exactly what the engine saw and produced (``logprobs_known``
+  False: the engine could not report log-probs, and ``logprobs`` are placeholders);
   ``status`` is ``ok``, ``format_error`` (``text`` holds the raw completion) or ``crash`` (``error`` holds the
   exception). ``started``/``finished`` are ticks of a per-rollout clock, used to find parallel calls and data flow.
 - ``RolloutGraph``: a ``networkx.DiGraph`` over call ids plus the example, the program's outputs, the rollout's
@@ -35,6 +36,7 @@ class CallNode(BaseModel):
     prompt_ids: list[int] = Field(default_factory=list)
     completion_ids: list[int] = Field(default_factory=list)
     logprobs: list[float] = Field(default_factory=list)
+    logprobs_known: bool = True  # False: the engine reported no log-probs (``logprobs`` are placeholders)
     text: str = ""
     outputs: dict[str, Any] | None = None
     inputs: dict[str, Any] | None = None  # the predictor's input values (from DSPy's trace); None: not recorded

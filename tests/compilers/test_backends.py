@@ -76,8 +76,8 @@ def test_adapter_parameters_match_the_adapter_segment_only(engine):
     from peft import LoraConfig
 
     for name in ("mlp", "shared"):  # "mlp" is also a module name in every layer's parameter path
-        engine.add_adapter(name, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
-    mlp, shared = adapter_parameters(engine.model, "mlp"), adapter_parameters(engine.model, "shared")
+        engine.policy.add_adapter(name, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    mlp, shared = adapter_parameters(engine.policy.model, "mlp"), adapter_parameters(engine.policy.model, "shared")
     assert len(mlp) == len(shared) == 8 and not {id(p) for p in mlp} & {id(p) for p in shared}
     assert adapter_name("team.judge") == "team__judge" and adapter_name("1st") == "a_1st"
 
@@ -88,8 +88,8 @@ def test_update_trains_only_the_roles_adapter(engine):
     cfg = MMGRPOConfig(**small())
     roles = {"first": "first", "second": "second"}
     for a in roles.values():
-        engine.add_adapter(a, cfg.lora.peft_config())
-    optimizers = AdapterOptimizers(engine.model, list(roles.values()), lr={"first": 5e-3, "second": 1e-3})
+        engine.policy.add_adapter(a, cfg.lora.peft_config())
+    optimizers = AdapterOptimizers(engine.policy.model, list(roles.values()), lr={"first": 5e-3, "second": 1e-3})
     assert optimizers.lr("second") == 1e-3
     torch.manual_seed(0)
     rollouts = run_rollouts(SameSig(), TRAIN[:2], engine, repeats=3, adapters=roles,
@@ -102,25 +102,25 @@ def test_update_trains_only_the_roles_adapter(engine):
     for g in groups:
         g.advantages = group_advantages(g.rewards, "dr_grpo").advantages
     assert any(a != 0 for g in groups for a in g.advantages), "the metric must spread the rewards"
-    before = {a: adapter_state(engine.model, a) for a in roles.values()}
-    stats = update(engine, optimizers, groups, roles, config=cfg)
-    after = {a: adapter_state(engine.model, a) for a in roles.values()}
+    before = {a: adapter_state(engine.policy.model, a) for a in roles.values()}
+    stats = update(engine.policy, optimizers, groups, roles, config=cfg)
+    after = {a: adapter_state(engine.policy.model, a) for a in roles.values()}
     assert stats["second"]["rows"] == 0 and stats["first"]["trained_rows"] > 0
     assert all(torch.equal(before["second"][k], after["second"][k]) for k in before["second"])
     assert any(not torch.equal(before["first"][k], after["first"][k]) for k in before["first"])
 
 
 def test_same_signature_roles_get_distinct_adapters_that_train_apart(engine, tmp_path):
-    base = {k: v.clone() for k, v in engine.base_model.state_dict().items() if "lora_" not in k}
+    base = {k: v.clone() for k, v in engine.policy.base_model.state_dict().items() if "lora_" not in k}
     compiled = MMGRPO(length_metric, **small()).compile(SameSig(), trainset=TRAIN, engine=engine, backend="isolated",
                                                         run_dir=tmp_path / "run", progress=False)
     assert compiled.roles == {"first": "first", "second": "second"}
-    states = {a: adapter_state(engine.model, a) for a in ("first", "second")}
+    states = {a: adapter_state(engine.policy.model, a) for a in ("first", "second")}
     assert states["first"].keys() == states["second"].keys()
     for a, state in states.items():
         assert any(v.abs().sum() > 0 for k, v in state.items() if "lora_B" in k), f"adapter {a} did not train"
     assert any(not torch.equal(states["first"][k], states["second"][k]) for k in states["first"] if "lora_B" in k)
-    for k, v in engine.base_model.state_dict().items():
+    for k, v in engine.policy.base_model.state_dict().items():
         if "lora_" not in k:
             key = k.replace(".base_layer", "")
             assert torch.equal(v, base[key]), f"base weight {key} changed"

@@ -64,7 +64,7 @@ def test_compile_writes_a_complete_checkpoint(trained):
 def test_save_restore_round_trip_is_exact(trained, tmp_path):
     """Adapters, AdamW moments / step counts / learning rate after a cliff cut, sampler, program state, every RNG."""
     _, engine = trained
-    model = engine.model
+    model = engine.policy.model
     opt = AdapterOptimizers(model, ["shared"], lr=1e-3)
     for p in opt.optimizers["shared"].param_groups[0]["params"]:
         p.grad = torch.randn_like(p)
@@ -87,7 +87,7 @@ def test_save_restore_round_trip_is_exact(trained, tmp_path):
                 "program": student.dump_state()}
     fp = {"config": {}, "base_model": "tiny", "base_checksum": "x", "roles": {}, "trainset": "", "valset": "",
           "metric": "m", "program": "p"}
-    ckpt.save(tmp_path, loop=loop, model=model, adapters=["shared"], optimizers=opt, sampler=sampler, student=student,
+    ckpt.save(tmp_path, loop=loop, policy=engine.policy, adapters=["shared"], optimizers=opt, sampler=sampler, student=student,
               fingerprint=fp, plan={"spec": "shared", "role_adapters": {}, "reasons": []},
               revision_files=ckpt.RevisionFiles())
     # scramble everything, then restore
@@ -99,7 +99,7 @@ def test_save_restore_round_trip_is_exact(trained, tmp_path):
     from wfc.artifact import restore_adapter
 
     restore_adapter(model, "shared", {k: torch.zeros_like(v) for k, v in saved_weights.items()})
-    got = ckpt.restore(ckpt.load(tmp_path), engine=engine, adapters=["shared"], optimizers=fresh,
+    got = ckpt.restore(ckpt.load(tmp_path), policy=engine.policy, engine=engine, adapters=["shared"], optimizers=fresh,
                        sampler=other_sampler, student=other_student)
     assert torch.equal(torch.get_rng_state(), expected["torch"]) and random.getstate() == expected["python"]
     assert all(torch.equal(v, expected["weights"][k]) for k, v in adapter_state(model, "shared").items())
@@ -189,8 +189,8 @@ def test_a_checkpoint_is_replaced_whole(trained, run_copy, monkeypatch):
 
     monkeypatch.setattr(torch, "save", failing_save)
     with pytest.raises(OSError, match="disk full"):
-        ckpt.save(run_copy, loop=ck.loop_state(), model=engine.model, adapters=["shared"],
-                  optimizers=AdapterOptimizers(engine.model, ["shared"], lr=1e-3), sampler=PromptSampler(3),
+        ckpt.save(run_copy, loop=ck.loop_state(), policy=engine.policy, adapters=["shared"],
+                  optimizers=AdapterOptimizers(engine.policy.model, ["shared"], lr=1e-3), sampler=PromptSampler(3),
                   student=Single(SIG), fingerprint=ck.data["fingerprint"], plan=ck.plan,
                   revision_files=ck.revision_files())
     monkeypatch.undo()

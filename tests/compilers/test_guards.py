@@ -239,7 +239,7 @@ def test_cliff_rolls_back_to_the_exact_stored_weights(engine, tmp_path, monkeypa
     assert step4["roles"]["voter"]["lr"] == pytest.approx(2.5e-3)
     assert compiled.manifest.revision_step == 1  # keep="best"
     for adapter, state in revisions[1].items():
-        now = adapter_state(engine.model, adapter)
+        now = adapter_state(engine.policy.model, adapter)
         assert all(torch.equal(state[k], now[k]) for k in state)
 
 
@@ -258,8 +258,8 @@ def test_per_role_clipping_clips_each_contribution_before_summing(engine):
     from compilers.config import MMGRPOConfig
     from compilers.update import update_adapter
 
-    engine.add_adapter("x", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    model = engine.model
+    engine.policy.add_adapter("x", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    model = engine.policy.model
     model.set_adapter("x")
     params = [p for n, p in model.named_parameters() if ".x." in n]
     start = adapter_state(model, "x")

@@ -21,14 +21,14 @@ def small(**kw):
 
 
 def test_compile_trains_adapter_and_leaves_base_and_program_untouched(engine, tmp_path):
-    base = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    base = {k: v.clone() for k, v in engine.policy.model.state_dict().items()}
     program = Voting(SIG, n=2)
     before = json.dumps(program.dump_state(), sort_keys=True, default=str)
     compiled = MMGRPO(length_metric, **small()).compile(program, trainset=TRAIN, valset=TRAIN[:3], engine=engine,
                                                         run_dir=tmp_path / "run", progress=False)
-    trained = {k: v for k, v in engine.model.named_parameters() if "lora_B" in k}
+    trained = {k: v for k, v in engine.policy.model.named_parameters() if "lora_B" in k}
     assert trained and any(v.abs().sum() > 0 for v in trained.values()), "LoRA B starts at 0: training must move it"
-    for name, p in engine.model.get_base_model().named_parameters():
+    for name, p in engine.policy.model.get_base_model().named_parameters():
         if "lora_" in name:
             continue
         key = name.replace(".base_layer", "")
@@ -53,8 +53,8 @@ def test_save_load_gives_identical_greedy_outputs(engine, tmp_path):
     loaded = wfc.load(path, model="tiny")
     try:
         assert [loaded(question=q).answer for q in questions] == expected
-        a = loaded.engine.model.state_dict()
-        b = engine.model.state_dict()
+        a = loaded.engine.policy.model.state_dict()
+        b = engine.policy.model.state_dict()
         for k in a:
             if "lora_" in k and ".shared." in k:
                 assert torch.equal(a[k], b[k])

@@ -54,8 +54,8 @@ def test_update_weights_the_policy_term_by_the_truncated_ratio(engine):
     from compilers.packing import packed_logprobs
     from compilers.update import update_adapter
 
-    engine.add_adapter("x", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    model = engine.model
+    engine.policy.add_adapter("x", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    model = engine.policy.model
     model.set_adapter("x")
     params = [p for n, p in model.named_parameters() if ".x." in n]
     start = adapter_state(model, "x")

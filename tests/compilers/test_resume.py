@@ -65,7 +65,7 @@ SCRIPT = textwrap.dedent('''
     compiled = MMGRPO(metric, **tiny_config(steps=int(sys.argv[4]))).compile(
         Single(SIG), trainset=TRAIN, valset=TRAIN[:3], engine=engine, run_dir=run_dir, progress=False,
         resume=run_dir if mode == "resume" else None)
-    torch.save({a: adapter_state(engine.model, a) for a in engine.adapters}, out / "adapters.pt")
+    torch.save({a: adapter_state(engine.policy.model, a) for a in engine.adapters}, out / "adapters.pt")
     engine.close()
 ''')
 

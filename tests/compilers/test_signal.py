@@ -91,7 +91,7 @@ def test_prompt_only_strategy_trains_nothing(engine, tmp_path):
                                                    bootstrap_examples=6)).compile(
         Voting(SIG, n=2), trainset=TRAIN, valset=TRAIN[:2], engine=engine, run_dir=tmp_path / "run", progress=False)
     assert steps_of(compiled) == []
-    assert all(v.abs().sum() == 0 for k, v in engine.model.named_parameters() if "lora_B" in k)
+    assert all(v.abs().sum() == 0 for k, v in engine.policy.model.named_parameters() if "lora_B" in k)
 
 
 def test_rollout_token_budget_stops_training(engine, tmp_path):

@@ -49,7 +49,7 @@ def test_one_step_compile_updates_adapter_and_round_trips(engine, tmp_path):
     compiled = MMGRPO(dense, steps=1, examples_per_step=1, group_size=4, max_tokens=12, eval_every=0, keep="last",
                       lora={"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}).compile(
         Voting(SolveMath, n=2), trainset=task.trainset, engine=engine, run_dir=tmp_path / "run", progress=False)
-    lora_b = [p for n, p in engine.model.named_parameters() if "lora_B" in n and ".shared." in n]
+    lora_b = [p for n, p in engine.policy.model.named_parameters() if "lora_B" in n and ".shared." in n]
     assert lora_b and any(bool(p.abs().sum() > 0) for p in lora_b)
     path = compiled.save(tmp_path / "art")
     questions = [ex.question for ex in task.testset[:2]]

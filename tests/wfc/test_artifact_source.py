@@ -221,10 +221,10 @@ def engine():
 def _save(program, engine, path: Path, roles: dict) -> Path:
     from peft import LoraConfig
 
-    if "voters" not in getattr(engine.model, "peft_config", {}):
+    if "voters" not in getattr(engine.policy.model, "peft_config", {}):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            engine.add_adapter("voters", LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+            engine.policy.add_adapter("voters", LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
                                                     init_lora_weights=False))
     manifest = Manifest(name=type(program).__name__, base_model="tiny", base_model_checksum=engine.handle.checksum,
                         program_class=f"{type(program).__module__}:{type(program).__qualname__}", roles=roles,

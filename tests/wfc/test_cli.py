@@ -89,10 +89,11 @@ def test_compile_run_rollback_on_tiny(program_file, tmp_path, capsys):
     out = tmp_path / "art"
     argv = ["compile", f"{program_file}:program", "--task", "arithmetic", "--model", "tiny", "--steps", "1", "--group-size", "2",
             "--examples-per-step", "2", "--max-tokens", "4", "--val-size", "2", "--set", "lora.r=4",
-            "--out", str(out), "--run-dir", str(tmp_path / "run")]
+            "--device", "cpu", "--out", str(out), "--run-dir", str(tmp_path / "run")]
     assert main(argv) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["revisions"] == [0, 1] and manifest["config"]["lora"]["r"] == 4
+    assert manifest["config"]["device"] == "cpu"
     assert main(["run", str(out), "--input", "question=What is 2 plus 2?", "--model", "tiny"]) == 0
     assert "answer:" in capsys.readouterr().out
     assert main(["rollback", str(out), "--step", "0"]) == 0
@@ -108,3 +109,5 @@ def test_compile_bad_config_exits_2(program_file, tmp_path, capsys):
     argv = ["compile", f"{program_file}:program", "--model", "tiny", "--set", "group_size=1", "--out", str(tmp_path / "x")]
     assert main(argv) == 2
     assert "group_size" in capsys.readouterr().err
+    assert main([*argv[:4], "--device", "gpu", "--out", str(tmp_path / "x")]) == 2
+    assert "device" in capsys.readouterr().err

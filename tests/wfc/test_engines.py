@@ -33,7 +33,7 @@ def test_logprobs_match_a_teacher_forced_forward_pass(tiny_engine):
     assert gen.finish_reason == ("length" if len(gen.completion_ids) == 8 else "stop")
     ids = torch.tensor([gen.prompt_ids + gen.completion_ids])  # (1, P + R)
     with torch.inference_mode():
-        logits = tiny_engine.base_model(ids).logits[0, len(gen.prompt_ids) - 1: -1]  # (R, V): predicts each token
+        logits = tiny_engine.policy.base_model(ids).logits[0, len(gen.prompt_ids) - 1: -1]  # (R, V): predicts each token
     expected = torch.log_softmax(logits.float() / 0.7, dim=-1).gather(1, torch.tensor(gen.completion_ids)[:, None])
     assert gen.logprobs == pytest.approx(expected.squeeze(1).tolist(), abs=1e-4)
 
@@ -55,11 +55,11 @@ def test_mixed_adapter_batch_matches_each_adapter_alone():
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             for name in ("one", "two"):
-                engine.add_adapter(name, LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                engine.policy.add_adapter(name, LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
                                                     init_lora_weights=False))
         assert engine.adapters == ["one", "two"]
         with pytest.raises(ValueError, match="already exists"):
-            engine.add_adapter("one", LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+            engine.policy.add_adapter("one", LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
         wanted = [None, "one", "two", "one"]
         alone = {name: engine.generate([request(name)])[0] for name in (None, "one", "two")}
         calls_before = engine.stats["generate_calls"]

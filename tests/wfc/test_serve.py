@@ -38,7 +38,7 @@ def compiled(tmp_path_factory):
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            engine.add_adapter("voters", LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+            engine.policy.add_adapter("voters", LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
         manifest = Manifest(name="Voting", base_model="tiny", base_model_checksum=engine.handle.checksum,
                             program_class="programs.voting:Voting", roles=ROLES,
                             sampling={"temperature": 0.0, "max_tokens": 8})

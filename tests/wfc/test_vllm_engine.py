@@ -54,6 +54,14 @@ def vllm_engine():
 
 
 @pytest.fixture(scope="module")
+def trainer(vllm_engine):
+    """The trainer's policy on the engine's base (shared, not loaded twice): adapters are made and changed here."""
+    from wfc.policy import Policy
+
+    return Policy(vllm_engine.handle, device="cpu")
+
+
+@pytest.fixture(scope="module")
 def hf_twin():
     """An HF engine on its own copy of the tiny model, for reference outputs."""
     from wfc.engines.hf import HFEngine
@@ -79,15 +87,13 @@ def test_base_greedy_matches_hf(vllm_engine, hf_twin):
     _assert_same(vllm_engine.generate(_requests()), hf_twin.generate(_requests()))
 
 
-def test_adapter_greedy_and_mixed_batch_match_hf(vllm_engine, hf_twin):
-    from wfc.artifact import adapter_state, restore_adapter
-
+def test_adapter_greedy_and_mixed_batch_match_hf(vllm_engine, trainer, hf_twin):
     for name, seed in (("eq_a", 1), ("eq_b", 2)):
-        vllm_engine.add_adapter(name, _lora())
-        _perturb(vllm_engine.model, name, seed)
-        vllm_engine.sync_adapters([name])
-        hf_twin.add_adapter(name, _lora())
-        restore_adapter(hf_twin.model, name, adapter_state(vllm_engine.model, name))
+        trainer.add_adapter(name, _lora())
+        _perturb(trainer.model, name, seed)
+        vllm_engine.load_adapters(trainer.export([name]))
+        hf_twin.policy.add_adapter(name, _lora())
+        hf_twin.policy.restore_adapter(name, trainer.adapter_state(name))
     alone = {a: vllm_engine.generate(_requests(a)) for a in ("eq_a", "eq_b", None)}
     _assert_same(alone["eq_a"], hf_twin.generate(_requests("eq_a")))
     assert [g.text for g in alone["eq_a"]] != [g.text for g in alone[None]]  # the adapter is really applied
@@ -99,22 +105,21 @@ def test_adapter_greedy_and_mixed_batch_match_hf(vllm_engine, hf_twin):
         assert out[i].completion_ids == ref.completion_ids
 
 
-def test_handoff_serves_the_new_revision_and_drops_the_old(vllm_engine, hf_twin):
-    from wfc.artifact import adapter_state, restore_adapter
-
-    vllm_engine.add_adapter("ho", _lora())
+def test_handoff_serves_the_new_revision_and_drops_the_old(vllm_engine, trainer, hf_twin):
+    trainer.add_adapter("ho", _lora())
+    vllm_engine.load_adapters(trainer.export(["ho"]))
     first = vllm_engine.generate(_requests("ho"))
     old_dir = vllm_engine._loras["ho"].lora_path
-    _perturb(vllm_engine.model, "ho", 7)  # the trainer changes weights in place ...
+    _perturb(trainer.model, "ho", 7)  # the trainer changes weights in place ...
     stale = vllm_engine.generate(_requests("ho"))
     assert [g.completion_ids for g in stale] == [g.completion_ids for g in first]  # ... unseen until the hand-off
     handoffs = len(vllm_engine.stats["handoffs"])
-    vllm_engine.sync_adapters(["ho"])
+    vllm_engine.load_adapters(trainer.export(["ho"]))
     assert len(vllm_engine.stats["handoffs"]) == handoffs + 1
     assert vllm_engine.stats["handoffs"][-1]["bytes"] < 5_000_000  # adapter weights only, never the base
     assert not os.path.exists(old_dir)
-    hf_twin.add_adapter("ho", _lora())
-    restore_adapter(hf_twin.model, "ho", adapter_state(vllm_engine.model, "ho"))
+    hf_twin.policy.add_adapter("ho", _lora())
+    hf_twin.policy.restore_adapter("ho", trainer.adapter_state("ho"))
     _assert_same(vllm_engine.generate(_requests("ho")), hf_twin.generate(_requests("ho")))
 
 
@@ -128,8 +133,8 @@ def test_sampling_logprobs_stop_and_independent_samples(vllm_engine, hf_twin):
     # the engine's sampling log-probs are under the temperature-scaled distribution: the trainer reproduces them
     from compilers.packing import packed_logprobs
 
-    with torch.no_grad(), hf_twin.model.disable_adapter():  # the twin holds adapters by now: the base is wanted
-        trainer = packed_logprobs(hf_twin.model, [(outs[0].prompt_ids, [g.completion_ids for g in outs])],
+    with torch.no_grad(), hf_twin.policy.model.disable_adapter():  # the twin holds adapters: the base is wanted
+        trainer = packed_logprobs(hf_twin.policy.model, [(outs[0].prompt_ids, [g.completion_ids for g in outs])],
                                   temperature=0.8)[0]
     for g, t in zip(outs, trainer):
         assert torch.allclose(torch.tensor(g.logprobs), t, atol=LOGPROB_ATOL)
@@ -144,8 +149,11 @@ def test_sampling_logprobs_stop_and_independent_samples(vllm_engine, hf_twin):
 def test_unknown_adapter_and_rank_errors(vllm_engine):
     with pytest.raises(ValueError, match="unknown adapter"):
         vllm_engine.generate([GenerationRequest(messages=PROMPTS[0], adapter="nope", sampling=GREEDY)])
+    from wfc.engines.base import AdapterRevision
+
     with pytest.raises(ValueError, match="max_lora_rank"):
-        vllm_engine.add_adapter("too_big", _lora(r=32))
+        vllm_engine.load_adapters([AdapterRevision(name="too_big", revision=1, config=_lora(r=32), tensors={})])
+    assert "too_big" not in vllm_engine.adapters
 
 
 def test_compile_on_vllm_end_to_end_and_serve_on_both_engines(tmp_path):
@@ -167,13 +175,13 @@ def test_compile_on_vllm_end_to_end_and_serve_on_both_engines(tmp_path):
             run_dir=tmp_path / "run", progress=False)
         adapters = sorted(set(compiled.roles.values()))
         assert len(adapters) == 2
-        # one hand-off per adapter at creation, per step, plus the final keep
+        # one hand-off at creation, one per step, plus the final keep
         assert len(engine.stats["handoffs"]) >= 2 + 2
         steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
         mism = [s["logprob_mismatch"] for s in steps if s.get("kind") == "step" and s["logprob_mismatch"]["tokens"]]
         assert mism, "no trained tokens: the mismatch was never measured"
         assert max(m["max_abs"] for m in mism) < 1e-3  # fp32 sampler vs fp32 trainer
-        weights = {a: [p.detach().clone() for n, p in engine.model.named_parameters() if f"lora_B.{a}." in n]
+        weights = {a: [p.detach().clone() for n, p in compiled.policy.model.named_parameters() if f"lora_B.{a}." in n]
                    for a in adapters}
         assert any(float(w.abs().sum()) > 0 for ws in weights.values() for w in ws)  # training moved the weights
         path = compiled.save(tmp_path / "art")

@@ -126,6 +126,14 @@ def engine(server):
 
 
 @pytest.fixture(scope="module")
+def trainer(engine):
+    """The trainer's policy on the engine's base (shared, not loaded twice): adapters are made and changed here."""
+    from wfc.policy import Policy
+
+    return Policy(engine.handle, device="cpu")
+
+
+@pytest.fixture(scope="module")
 def hf_twin():
     from wfc.engines.hf import HFEngine
     from wfc.models import load_model
@@ -147,21 +155,19 @@ def _assert_same(a, b):
         assert max((abs(p - q) for p, q in zip(x.logprobs, y.logprobs)), default=0.0) < LOGPROB_ATOL
 
 
-def _twin_adapter(engine, hf_twin, name):
-    from wfc.artifact import adapter_state, restore_adapter
-
+def _twin_adapter(trainer, hf_twin, name):
     if name not in hf_twin.adapters:
-        hf_twin.add_adapter(name, _lora())
-    restore_adapter(hf_twin.model, name, adapter_state(engine.model, name))
+        hf_twin.policy.add_adapter(name, _lora())
+    hf_twin.policy.restore_adapter(name, trainer.adapter_state(name))
 
 
-def test_greedy_text_ids_and_logprobs_match_hf(engine, hf_twin):
+def test_greedy_text_ids_and_logprobs_match_hf(engine, trainer, hf_twin):
     _assert_same(engine.generate(_requests()), hf_twin.generate(_requests()))
     for name, seed in (("eq_a", 1), ("eq_b", 2)):
-        engine.add_adapter(name, _lora())
-        _perturb(engine.model, name, seed)
-        engine.sync_adapters([name])
-        _twin_adapter(engine, hf_twin, name)
+        trainer.add_adapter(name, _lora())
+        _perturb(trainer.model, name, seed)
+        engine.load_adapters(trainer.export([name]))
+        _twin_adapter(trainer, hf_twin, name)
     alone = {a: engine.generate(_requests(a)) for a in ("eq_a", "eq_b", None)}
     _assert_same(alone["eq_a"], hf_twin.generate(_requests("eq_a")))
     _assert_same(alone["eq_b"], hf_twin.generate(_requests("eq_b")))
@@ -171,21 +177,22 @@ def test_greedy_text_ids_and_logprobs_match_hf(engine, hf_twin):
         assert out.completion_ids == alone[req.adapter][PROMPTS.index(req.messages)].completion_ids
 
 
-def test_handoff_serves_a_new_name_and_drops_the_old(engine, hf_twin, server):
-    engine.add_adapter("ho", _lora())
+def test_handoff_serves_a_new_name_and_drops_the_old(engine, trainer, hf_twin, server):
+    trainer.add_adapter("ho", _lora())
+    engine.load_adapters(trainer.export(["ho"]))
     first_name = engine.revisions["ho"]
     first = engine.generate(_requests("ho"))
     old_dir = engine._owned["ho"]
-    _perturb(engine.model, "ho", 7)  # the trainer changes weights in place ...
+    _perturb(trainer.model, "ho", 7)  # the trainer changes weights in place ...
     assert [g.completion_ids for g in engine.generate(_requests("ho"))] == [g.completion_ids for g in first]
-    engine.sync_adapters(["ho"])  # ... unseen until the hand-off
+    engine.load_adapters(trainer.export(["ho"]))  # ... unseen until the hand-off
     new_name = engine.revisions["ho"]
     assert new_name != first_name and new_name.startswith("ho@") and first_name.startswith("ho@")
     served = _served(server.url)
     assert new_name in served and first_name not in served
     assert not old_dir.exists() and engine._owned["ho"].exists()
     assert engine.stats["handoffs"][-1]["bytes"] < 5_000_000  # adapter weights only
-    _twin_adapter(engine, hf_twin, "ho")
+    _twin_adapter(trainer, hf_twin, "ho")
     after = engine.generate(_requests("ho"))
     _assert_same(after, hf_twin.generate(_requests("ho")))
     assert [g.completion_ids for g in after] != [g.completion_ids for g in first]
@@ -197,8 +204,8 @@ def test_sampling_logprobs_are_the_trainers_and_stop_strings_cut(engine, hf_twin
     outs = engine.generate([GenerationRequest(messages=PROMPTS[0], sampling=SamplingParams(temperature=0.8,
                                                                                           max_tokens=12))] * 4)
     assert len({tuple(g.completion_ids) for g in outs}) > 1  # independent samples
-    with torch.no_grad(), hf_twin.model.disable_adapter():
-        trainer = packed_logprobs(hf_twin.model, [(outs[0].prompt_ids, [g.completion_ids for g in outs])],
+    with torch.no_grad(), hf_twin.policy.model.disable_adapter():
+        trainer = packed_logprobs(hf_twin.policy.model, [(outs[0].prompt_ids, [g.completion_ids for g in outs])],
                                   temperature=0.8)[0]
     for g, t in zip(outs, trainer):  # the server's log-probs are under the temperature-scaled distribution
         assert torch.allclose(torch.tensor(g.logprobs), t, atol=LOGPROB_ATOL)
@@ -210,17 +217,20 @@ def test_sampling_logprobs_are_the_trainers_and_stop_strings_cut(engine, hf_twin
     assert len(stopped.logprobs) == len(stopped.completion_ids) < len(full.completion_ids)
 
 
-def test_unknown_adapter_and_rank_refusals(engine, server):
+def test_unknown_adapter_and_rank_refusals(engine, trainer, server):
     from wfc.engines.vllm_server import VLLMServerEngine
 
+    trainer.add_adapter("too_big", _lora(r=32))
+    too_big = trainer.export(["too_big"])
     with pytest.raises(ValueError, match="unknown adapter"):
         engine.generate([GenerationRequest(messages=PROMPTS[0], adapter="nope", sampling=GREEDY)])
     with pytest.raises(ValueError, match="max_lora_rank"):
-        engine.add_adapter("too_big", _lora(r=32))
+        engine.load_adapters(too_big)
+    assert "too_big" not in engine.adapters
     unchecked = VLLMServerEngine("tiny", servers=[server.url])  # no rank given: the server itself refuses
     try:
         with pytest.raises((RuntimeError, ValueError), match="rank"):
-            unchecked.add_adapter("too_big", _lora(r=32))
+            unchecked.load_adapters(too_big)
         assert "too_big" not in unchecked.adapters and unchecked.revisions == {}
         assert not any(name.startswith("too_big@") for name in _served(server.url))
     finally:
@@ -280,8 +290,8 @@ def test_compile_on_vllm_server_trains_and_hands_off(engine, server, tmp_path):
         steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
         mism = [s["logprob_mismatch"] for s in steps if s.get("kind") == "step" and s["logprob_mismatch"]["tokens"]]
         assert mism and max(m["max_abs"] for m in mism) < 1e-3
-        lora_b = [p for n, p in compile_engine.model.named_parameters() if "lora_B." in n]
-        assert any(float(p.abs().sum()) > 0 for p in lora_b)  # training moved the weights (B starts at zero)
+        lora_b = [p for n, p in compiled.policy.model.named_parameters() if "lora_B." in n]
+        assert any(float(p.detach().abs().sum()) > 0 for p in lora_b)  # training moved the weights (B starts at zero)
         assert compile_engine.stats["requests"] > 0 and compile_engine.stats["dead_servers"] == []
     finally:
         compile_engine.close()

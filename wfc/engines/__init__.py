@@ -1,10 +1,10 @@
 """Inference engines behind one protocol (see ``base``). Only ``wfc/engines/vllm.py`` may import vllm (the
 ``vllm-server`` engine talks HTTP to ``vllm serve`` processes, and starts them as subprocesses when asked)."""
 
-from wfc.engines.base import Engine, Generation, GenerationRequest, SamplingParams
+from wfc.engines.base import AdapterRevision, Engine, Generation, GenerationRequest, SamplingParams
 from wfc.engines.fake import ScriptedEngine
 
-__all__ = ["ENGINES", "Engine", "Generation", "GenerationRequest", "SamplingParams", "ScriptedEngine", "make_engine"]
+__all__ = ["ENGINES", "AdapterRevision", "Engine", "Generation", "GenerationRequest", "SamplingParams", "ScriptedEngine", "make_engine"]
 
 ENGINES = ("hf", "vllm", "vllm-server")
 

@@ -5,9 +5,17 @@ Data model:
   ``SamplingParams``.
 - ``Generation``: the completion ``text``; ``prompt_ids`` (exactly the tokens the model was conditioned on, no
   padding); ``completion_ids`` (exactly the tokens it produced, ending at EOS or a stop string, no padding);
-  ``logprobs`` (one per completion token, under the temperature-scaled distribution it was sampled from).
+  ``logprobs`` (one per completion token, under the temperature-scaled distribution it was sampled from);
+  ``logprobs_known`` (False: the engine has no log-probs, e.g. a scripted fake; ``logprobs`` are then placeholders
+  and the trainer treats them as unknown).
+- ``AdapterRevision``: one adapter's weights as the trainer (``wfc.policy.Policy``) exports them: ``name``,
+  ``revision`` (the policy's counter, bumped by every change), the peft ``LoraConfig`` and the tensors (peft
+  state-dict keys, as ``get_peft_model_state_dict`` gives them, on the CPU).
 
 Invariant: ``len(logprobs) == len(completion_ids)``; ``prompt_ids + completion_ids`` is the sequence the engine saw.
+
+Engines only generate: the trainer owns the weights (``wfc.policy``) and hands changed adapters over with
+``load_adapters``, the one weight-related method of the protocol.
 
 Engines accept requests one at a time from many threads (``submit`` returns a future) and are free to batch them:
 that is how the concurrent calls of many rollouts become few ``generate`` calls.
@@ -16,7 +24,8 @@ that is how the concurrent calls of many rollouts become few ``generate`` calls.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -52,6 +61,18 @@ class Generation(BaseModel):
     completion_ids: list[int]
     logprobs: list[float]
     finish_reason: str = "stop"  # "stop" (EOS or a stop string) or "length"
+    logprobs_known: bool = True  # False: ``logprobs`` are placeholders (the engine cannot report them)
+
+
+@dataclass(frozen=True)
+class AdapterRevision:
+    """One exported revision of an adapter (see module doc). ``config`` is a peft ``LoraConfig``; ``tensors`` map
+    peft state-dict keys (``base_model.model....lora_A.weight``) to CPU tensors that nothing else writes to."""
+
+    name: str
+    revision: int
+    config: Any
+    tensors: dict[str, Any] = field(repr=False)
 
 
 @runtime_checkable
@@ -62,9 +83,9 @@ class Engine(Protocol):
 
     def generate(self, requests: list[GenerationRequest]) -> list[Generation]: ...
 
-    def sync_adapters(self, names) -> None:
-        """The trainer changed these adapters' weights (an update, a rollback): later requests must use them.
-        Engines that share the trainer's model do nothing; engines with their own copy (vLLM) hand the new revision
-        over here, adapter weights only."""
+    def load_adapters(self, revisions: Sequence[AdapterRevision]) -> None:
+        """The trainer changed these adapters (created, updated, rolled back, restored, loaded): requests submitted
+        after this returns must use these weights. An engine sharing the trainer's model (a colocated ``HFEngine``)
+        does nothing; engines with their own copy of the base (vLLM) take the adapter tensors here, never the base."""
 
     def close(self) -> None: ...

@@ -1,16 +1,20 @@
 """A scripted engine for unit tests: answers from a list, a dict, or a function; records every call.
 
-Not a model: token ids are the UTF-8 bytes of the text and log-probs are zeros. Every fake-tested path also has a
-test on the tiny real model (see tests/).
+Not a model. Without a tokenizer, token ids are the UTF-8 bytes of the text. With ``tokenizer=`` (a policy's),
+they are real ids of that tokenizer, so a whole compile can train on scripted rollouts: ``prompt_ids`` are the chat
+template with the generation prompt (what :class:`~wfc.engines.hf.HFEngine` conditions on), ``completion_ids`` the
+text's ids plus EOS. Log-probs are zeros of the right length, marked ``logprobs_known=False`` (the trainer then
+treats them as unknown: no importance correction, no mismatch). ``handoffs`` records every ``load_adapters`` call
+as ``[(name, revision), ...]``. Every fake-tested path also has a test on the tiny real model (see tests/).
 """
 
 from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from wfc.engines.base import Generation, GenerationRequest
+from wfc.engines.base import AdapterRevision, Generation, GenerationRequest
 
 
 def _encode(text: str) -> list[int]:
@@ -26,8 +30,11 @@ class ScriptedEngine:
     - a function ``(request) -> str`` (raise inside it to simulate an engine failure).
     """
 
-    def __init__(self, script: Iterable[str] | Mapping[str, str] | Callable[[GenerationRequest], str]):
+    def __init__(self, script: Iterable[str] | Mapping[str, str] | Callable[[GenerationRequest], str], *,
+                 tokenizer: Any = None):
         self._lock = threading.Lock()
+        self.tokenizer = tokenizer
+        self.handoffs: list[list[tuple[str, int]]] = []
         if callable(script):
             self._answer = script
         elif isinstance(script, Mapping):
@@ -58,9 +65,21 @@ class ScriptedEngine:
         with self._lock:
             self.calls.append(request)
             text = self._answer(request)
-        prompt = "\n".join(m["content"] for m in request.messages)
-        ids = _encode(text)
-        return Generation(text=text, prompt_ids=_encode(prompt), completion_ids=ids, logprobs=[0.0] * len(ids))
+        if self.tokenizer is None:
+            prompt_ids = _encode("\n".join(m["content"] for m in request.messages))
+            ids = _encode(text)
+        else:
+            prompt_ids = self.encode_prompt(request.messages)
+            ids = [*self.tokenizer(text, add_special_tokens=False)["input_ids"], self.tokenizer.eos_token_id]
+        return Generation(text=text, prompt_ids=prompt_ids, completion_ids=ids, logprobs=[0.0] * len(ids),
+                          logprobs_known=False)
+
+    def encode_prompt(self, messages) -> list[int]:
+        """The prompt ids of ``messages`` under the tokenizer's chat template (needs ``tokenizer=``)."""
+        if self.tokenizer is None:
+            raise ValueError("ScriptedEngine has no tokenizer: build it with tokenizer=policy.tokenizer")
+        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def submit(self, request: GenerationRequest) -> Future:
         future: Future = Future()
@@ -78,5 +97,7 @@ class ScriptedEngine:
     def close(self) -> None:
         pass
 
-    def sync_adapters(self, names) -> None:
-        """No-op: a script has no weights."""
+    def load_adapters(self, revisions: Sequence[AdapterRevision]) -> None:
+        """Records ``[(name, revision), ...]`` in ``handoffs``: a script has no weights."""
+        with self._lock:
+            self.handoffs.append([(r.name, r.revision) for r in revisions])

@@ -4,9 +4,10 @@ Concurrent requests are batched by :class:`wfc.engines.batching.BatchingEngine`;
 one ``generate`` call through peft's ``adapter_names``. Rows are grouped only by sampling settings, since one
 ``generate`` call has one generation config.
 
-Adapters live on the one resident base model (``self.model`` becomes a ``PeftModel`` with the first adapter). The
-trainer updates adapter weights in place on this same object, so the next rollouts use them with no reload; it holds
-``self.lock`` while it does, which keeps generation out of a half-updated model.
+Adapters live on the policy's one resident base model (:class:`wfc.policy.Policy`: a ``PeftModel`` once the first
+adapter exists). A colocated trainer updates adapter weights in place on that same object, so the next rollouts use
+them with no reload; it holds the policy's lock while it does, and so does generation, which keeps generation out of
+a half-updated model. Inputs go to the policy's device.
 
 Log-probs are recorded while sampling (a logits processor that sees the raw logits before any warper), under the
 temperature-scaled distribution (T=1 for greedy requests). No full (B, T, V) logits tensor is ever kept.
@@ -14,14 +15,14 @@ temperature-scaled distribution (T=1 for greedy requests). No full (B, T, V) log
 
 from __future__ import annotations
 
-import threading
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
-from wfc.engines.base import Generation, GenerationRequest, SamplingParams
+from wfc.engines.base import AdapterRevision, Generation, GenerationRequest, SamplingParams
 from wfc.engines.batching import BatchingEngine
-from wfc.models import ModelHandle, load_model
+from wfc.models import ModelHandle
+from wfc.policy import Policy
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed batch
 
@@ -48,71 +49,53 @@ class _LogprobRecorder:
 
 
 class HFEngine(BatchingEngine):
-    """transformers + peft engine. ``model`` is a name for :func:`wfc.models.load_model` or a loaded handle."""
+    """transformers + peft engine on a :class:`wfc.policy.Policy`'s model.
+
+    ``HFEngine("tiny")`` (a name for :func:`wfc.models.load_model`, or a loaded handle) builds its own policy on
+    ``device``; ``HFEngine(policy=policy)`` shares a trainer's policy in process (colocated). Either way generation
+    reads the policy's adapters in place, under its lock, so :meth:`load_adapters` has nothing to do."""
 
     engine_name = "hf"
 
     def __init__(
         self,
-        model: str | ModelHandle = "smollm2-135m",
+        model: str | ModelHandle | None = None,
         *,
+        policy: Policy | None = None,
+        device: str = "auto",
         max_batch: int = 256,
         batch_wait_s: float = 0.05,
         default_stop: tuple[str, ...] = (),
         share_prefill: bool = True,
     ):
         super().__init__(max_batch=max_batch, batch_wait_s=batch_wait_s)
-        self.handle = model if isinstance(model, ModelHandle) else load_model(model)
-        self.tokenizer = self.handle.tokenizer
-        self.model: Any = self.handle.model
+        if policy is not None and model is not None:
+            raise ValueError("pass model or policy to HFEngine, not both: a policy already holds its base model")
+        self.policy = policy if policy is not None else Policy(model or "smollm2-135m", device=device)
         self.default_stop = tuple(default_stop)
         self.share_prefill = share_prefill
-        self.lock = threading.RLock()
         self.stats = {"generate_calls": 0, "rows": 0, "batch_sizes": []}
 
-    # ----- adapters -------------------------------------------------------------------------------------------
+    # ----- read-only views of the policy ----------------------------------------------------------------------
     @property
-    def base_model(self):
-        """The underlying transformers model (without the peft wrapper)."""
-        return self.model.get_base_model() if self.is_peft else self.model
+    def handle(self) -> ModelHandle:
+        return self.policy.handle
 
     @property
-    def is_peft(self) -> bool:
-        return hasattr(self.model, "peft_config")
+    def tokenizer(self):
+        return self.policy.tokenizer
 
     @property
     def adapters(self) -> list[str]:
-        return list(self.model.peft_config) if self.is_peft else []
+        return self.policy.adapters
 
-    def add_adapter(self, name: str, lora_config) -> None:
-        """Create a fresh LoRA adapter ``name`` on the resident base model."""
-        from peft import get_peft_model
-
-        with self.lock:
-            if name in self.adapters:
-                raise ValueError(f"adapter {name!r} already exists; pick another name or delete it first")
-            if self.is_peft:
-                self.model.add_adapter(name, lora_config)
-            else:
-                self.model = get_peft_model(self.model, lora_config, adapter_name=name)
-            self.model.eval()  # mixed-adapter batches refuse training mode; LoRA dropout stays 0
-
-    def load_adapter(self, name: str, path: str) -> None:
-        """Load a saved PEFT adapter directory as adapter ``name``."""
-        from peft import PeftModel
-
-        with self.lock:
-            if self.is_peft:
-                if name in self.adapters:
-                    self.model.delete_adapter(name)
-                self.model.load_adapter(path, adapter_name=name)
-            else:
-                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
-            self.model.eval()
-
-    # ----- generation -----------------------------------------------------------------------------------------
-    def sync_adapters(self, names) -> None:
-        """No-op: rollouts read the trainer's adapters in place (the trainer and this engine share one model)."""
+    def load_adapters(self, revisions: Sequence[AdapterRevision]) -> None:
+        """No-op: this engine generates on its policy's model, so the trainer's changes are already in place. The
+        revisions must name adapters of that policy (a trainer with another policy must share this one)."""
+        missing = sorted({r.name for r in revisions} - set(self.adapters))
+        if missing:
+            raise ValueError(f"HFEngine shares its policy's weights, which have no adapter(s) {missing}: train with "
+                             "that policy (HFEngine(policy=...) / compile(policy=engine.policy))")
 
     def _render(self, messages) -> str:
         return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
@@ -155,19 +138,24 @@ class HFEngine(BatchingEngine):
             kwargs.update(temperature=None, top_p=None, top_k=None)
         if stop:
             kwargs.update(stop_strings=list(stop), tokenizer=tok)
+        device = self.policy.device
+        kwargs["input_ids"], kwargs["attention_mask"] = enc["input_ids"].to(device), enc["attention_mask"].to(device)
         wanted = [r.adapter for r in requests]
         if any(a is not None for a in wanted):
             missing = sorted({a for a in wanted if a is not None} - set(self.adapters))
             if missing:
                 raise ValueError(f"unknown adapter(s) {missing}; this engine has {self.adapters or 'none'}")
-        if self.is_peft:
+        policy = self.policy
+        if policy.is_peft:
             kwargs["adapter_names"] = [a if a is not None else BASE_ADAPTER for a in wanted]
-        with self.lock, torch.inference_mode():
-            self.model.eval()
+        with policy.lock, torch.inference_mode():
+            model = policy.model
+            model.eval()
             if self.share_prefill:
-                self._prefill_shared(kwargs, requests)
-            out = self.model.generate(**kwargs)
-            logprobs = recorder.finish(out)  # (B, R)
+                self._prefill_shared(model, kwargs, requests)
+            out = model.generate(**kwargs)
+            logprobs = recorder.finish(out).cpu()  # (B, R)
+            out = out.cpu()
         self.stats["generate_calls"] += 1
         self.stats["rows"] += len(requests)
         self.stats["batch_sizes"].append(len(requests))
@@ -189,7 +177,7 @@ class HFEngine(BatchingEngine):
             )
         return results
 
-    def _prefill_shared(self, kwargs: dict[str, Any], requests: list[GenerationRequest]) -> None:
+    def _prefill_shared(self, model, kwargs: dict[str, Any], requests: list[GenerationRequest]) -> None:
         """Prefill each distinct (prompt, adapter) once and hand generate a cache expanded to every row.
 
         In GRPO every rollout of an example sends its first role the same prompt (and fan-out roles send it k times
@@ -206,10 +194,10 @@ class HFEngine(BatchingEngine):
         u_ids, u_mask = ids[rows, :-1], mask[rows, :-1]
         position_ids = (u_mask.long().cumsum(-1) - 1).clamp(min=0)
         extra = {"adapter_names": [kwargs["adapter_names"][r] for r in rows]} if "adapter_names" in kwargs else {}
-        out = self.model(input_ids=u_ids, attention_mask=u_mask, position_ids=position_ids, use_cache=True,
+        out = model(input_ids=u_ids, attention_mask=u_mask, position_ids=position_ids, use_cache=True,
                          logits_to_keep=1, **extra)
         cache = out.past_key_values
-        cache.batch_select_indices(torch.tensor(index))
+        cache.batch_select_indices(torch.tensor(index, device=ids.device))
         kwargs["past_key_values"] = cache
         self.stats["shared_prefill_rows"] = self.stats.get("shared_prefill_rows", 0) + len(keys) - len(first)
 

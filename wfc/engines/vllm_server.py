@@ -1,9 +1,8 @@
 """The vLLM server engine: rollouts on one or more OpenAI-compatible ``vllm serve`` processes, adapter-only hand-off.
 
-Two jobs, two places (as in :mod:`wfc.engines.vllm`, with the sampler out of process):
-- the **trainer**: an in-process :class:`~wfc.engines.hf.HFEngine` on the same base (fp32, transformers + peft).
-  Adapters are created, trained and restored there (``self.model`` is that peft model, ``self.lock`` its lock), so
-  the compiler works unchanged;
+Two jobs, two places (as in :mod:`wfc.engines.vllm`, with the sampler out of process); this engine only generates:
+- the **trainer**: a :class:`wfc.policy.Policy` on the same base (transformers + peft) in the training process.
+  Adapters are created, trained and restored there, and handed over with :meth:`VLLMServerEngine.load_adapters`;
 - the **samplers**: one or more vLLM servers started with LoRA and runtime LoRA loading on
   (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve BASE --enable-lora --max-lora-rank R --max-loras K
   --logprobs-mode processed_logprobs``), given by URL, or started by :meth:`VLLMServerEngine.launch`.
@@ -16,7 +15,7 @@ temperature-scaled distribution when the server runs ``--logprobs-mode processed
 convention). Sampling settings are sent in full (``top_k=0``, ``min_p=0``, no penalties) so a server's
 ``generation_config`` defaults never change the distribution.
 
-Adapter hand-off (:meth:`VLLMServerEngine.sync_adapters`): each changed adapter is written in PEFT format to a new
+Adapter hand-off (:meth:`VLLMServerEngine.load_adapters`, given ``policy.export(names)``): each revision is written in PEFT format to a new
 revision directory and loaded on every live server as ``role@revision`` (``POST /v1/load_lora_adapter``); only when
 every server holds it do requests switch to the new name, then the old name is unloaded
 (``/v1/unload_lora_adapter``) and its directory deleted. A name is never reloaded with new weights: vLLM can serve
@@ -31,7 +30,7 @@ retried on another server; only when no server is left does the request fail. A 
 this engine (it would lack the adapter revisions loaded meanwhile).
 
 Invariants: ``len(logprobs) == len(completion_ids)``; ``prompt_ids`` are exactly the ids sent and the ids the server
-reports it saw; a request submitted after ``sync_adapters`` returns is served by the new revision.
+reports it saw; a request submitted after ``load_adapters`` returns is served by the new revision.
 """
 
 from __future__ import annotations
@@ -60,9 +59,8 @@ from typing import Any, Sequence
 
 import torch
 
-from wfc.artifact import adapter_state, write_adapter
-from wfc.engines.base import Generation, GenerationRequest, SamplingParams
-from wfc.engines.hf import HFEngine
+from wfc.artifact import write_adapter
+from wfc.engines.base import AdapterRevision, Generation, GenerationRequest, SamplingParams
 from wfc.models import ModelHandle, load_model
 
 log = logging.getLogger(__name__)
@@ -208,8 +206,8 @@ class _Server:
 class VLLMServerEngine:
     """``VLLMServerEngine(model, servers=[URL, ...])``: the engine protocol on running vLLM servers.
 
-    ``model``: the base (a name for :func:`wfc.models.load_model` or a loaded handle): the trainer loads it, and the
-    servers must serve the same weights. ``workdir``: where adapter revisions are written for the servers to read
+    ``model``: the base (a name for :func:`wfc.models.load_model` or a loaded handle): its tokenizer renders prompts,
+    the trainer's policy trains on it, and the servers must serve the same weights. ``workdir``: where adapter revisions are written for the servers to read
     (default: a fresh directory under ``/dev/shm`` or the temp dir; servers on other machines need a shared
     filesystem path here). ``max_lora_rank``: the servers' ``--max-lora-rank``, checked before an adapter is
     created. ``timeout_s``: per HTTP request; a server that takes longer counts as dead. ``launched``: servers this
@@ -229,7 +227,7 @@ class VLLMServerEngine:
         if len(set(urls)) != len(urls):
             raise ValueError(f"duplicate server URLs in {urls}")
         self._launched = list(launched)
-        self.trainer = HFEngine(model if isinstance(model, ModelHandle) else load_model(model))
+        self.handle = model if isinstance(model, ModelHandle) else load_model(model)  # name, checksum, tokenizer
         self.max_lora_rank = max_lora_rank
         self.timeout_s = timeout_s
         self.servers = [_Server(u) for u in urls]
@@ -286,34 +284,15 @@ class VLLMServerEngine:
         engine.stats["startup_seconds"] = time.perf_counter() - t0
         return engine
 
-    # ----- the trainer side (same interface as HFEngine) ---------------------------------------------------------
-    @property
-    def handle(self) -> ModelHandle:
-        return self.trainer.handle
-
+    # ----- read-only views and the adapter hand-off ---------------------------------------------------------------
     @property
     def tokenizer(self):
-        return self.trainer.tokenizer
-
-    @property
-    def model(self):
-        return self.trainer.model
-
-    @property
-    def lock(self):
-        return self.trainer.lock
-
-    @property
-    def base_model(self):
-        return self.trainer.base_model
-
-    @property
-    def is_peft(self) -> bool:
-        return self.trainer.is_peft
+        return self.handle.tokenizer
 
     @property
     def adapters(self) -> list[str]:
-        return self.trainer.adapters
+        with self._lora_lock:
+            return sorted(k for k in self._revisions if k != NULL_ADAPTER)
 
     @property
     def revisions(self) -> dict[str, str]:
@@ -322,51 +301,45 @@ class VLLMServerEngine:
             return {k: v for k, v in self._revisions.items() if k != NULL_ADAPTER}
 
     def encode_prompt(self, messages) -> list[int]:
-        return self.trainer.encode_prompt(messages)
+        """The exact prompt ids sent for ``messages`` (the same rendering as the HF engine's)."""
+        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def add_adapter(self, name: str, lora_config) -> None:
-        """Create a fresh LoRA adapter on the trainer and hand its first revision to the servers."""
-        rank = getattr(lora_config, "r", 0)
-        if self.max_lora_rank is not None and rank > self.max_lora_rank:
-            raise ValueError(f"adapter {name!r} has rank {rank} > the servers' max_lora_rank={self.max_lora_rank}: "
-                             f"start them with --max-lora-rank >= {rank}")
-        self.trainer.add_adapter(name, lora_config)
-        try:
-            self.sync_adapters([name])
-        except BaseException:  # a server refused it (its --max-lora-rank, say): the trainer must not keep it either
-            with self.lock:
-                self.model.delete_adapter(name)
-            raise
+    def load_adapters(self, revisions: Sequence[AdapterRevision]) -> None:
+        """Adapter-only hand-off: write each revision in PEFT format and serve it from now on, on every live server.
+        A rank above ``max_lora_rank`` is refused before anything changes; a server refusing a revision leaves every
+        server on the previous one.
 
-    def load_adapter(self, name: str, path: str) -> None:
-        """Load a saved PEFT adapter as ``name`` on the trainer and the servers (which read ``path`` as it is: it
-        must be readable on their machines)."""
-        self.trainer.load_adapter(name, path)
-        self._register(name, Path(path).resolve(), owned=False)
-
-    def sync_adapters(self, names) -> None:
-        """Adapter-only hand-off: write each adapter's current weights as a new revision and serve it from now on.
-
-        Records ``{"adapters", "seconds", "bytes"}`` in ``stats["handoffs"]``."""
+        Records ``{"adapters", "revisions", "seconds", "bytes"}`` in ``stats["handoffs"]``."""
+        revisions = list(revisions)
+        for rev in revisions:
+            rank = getattr(rev.config, "r", 0)
+            if self.max_lora_rank is not None and rank > self.max_lora_rank:
+                raise ValueError(f"adapter {rev.name!r} has rank {rank} > the servers' max_lora_rank="
+                                 f"{self.max_lora_rank}: start them with --max-lora-rank >= {rank}")
         t0 = time.perf_counter()
         size = 0
-        for name in names:
+        for rev in revisions:
             with self._lora_lock:
                 revision, self._next_revision = self._next_revision, self._next_revision + 1
-            path = self.workdir / name / f"rev-{revision}"
-            with self.lock:  # no update can interleave with the write
-                write_adapter(self.model, name, adapter_state(self.model, name), path)
+            path = self.workdir / rev.name / f"rev-{revision}"
+            write_adapter(rev.config, rev.tensors, path)
             size += sum(f.stat().st_size for f in path.iterdir())
-            self._register(name, path, owned=True, revision=revision)
-        self.stats["handoffs"].append({"adapters": list(names), "seconds": time.perf_counter() - t0, "bytes": size})
+            self._register(rev.name, path, owned=True, revision=revision)
+        self.stats["handoffs"].append({"adapters": [r.name for r in revisions],
+                                       "revisions": [r.revision for r in revisions],
+                                       "seconds": time.perf_counter() - t0, "bytes": size})
 
     def _write_null_adapter(self) -> Path:
         """A PEFT adapter of rank 1 with all-zero weights on one projection of every layer."""
         from peft import LoraConfig
         from safetensors.torch import save_file
 
-        linears = [(n, m) for n, m in self.base_model.named_modules()
-                   if isinstance(m, torch.nn.Linear) and ".layers." in f".{n}"]
+        base = self.handle.model
+        base = base.get_base_model() if hasattr(base, "get_base_model") else base
+        # a policy may have put LoRA layers on this model already: name each projection as the plain model does
+        linears = [(n.removesuffix(".base_layer"), m) for n, m in base.named_modules()
+                   if isinstance(m, torch.nn.Linear) and ".layers." in f".{n}" and "lora_" not in n]
         if not linears:
             raise ValueError(f"found no layer projections in {self.handle.name!r} to hang the null adapter on")
         leaf = linears[0][0].rsplit(".", 1)[-1]
@@ -576,7 +549,6 @@ class VLLMServerEngine:
             server.terminate()
             if server in _LAUNCHED:
                 _LAUNCHED.remove(server)
-        self.trainer.close()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

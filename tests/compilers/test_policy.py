@@ -1,0 +1,144 @@
+"""The policy (wfc.policy): revisions, exact export / restore, devices; and a whole compile on a scripted engine,
+which works because the trainer touches only the policy and hands adapters to the engine with ``load_adapters``."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+
+import pytest
+import torch
+
+from compilers import MMGRPO
+from compilers.config import LoraSettings, MMGRPOConfig
+from programs import Single
+from tiny_setup import SIG, TRAIN, tiny_config
+from wfc.engines.base import AdapterRevision
+from wfc.engines.fake import ScriptedEngine
+from wfc.engines.hf import HFEngine
+from wfc.policy import Policy, resolve_device
+
+LORA = LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
+
+
+@pytest.fixture
+def policy():
+    return Policy("tiny", device="cpu")
+
+
+def _perturb(policy: Policy, name: str, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in policy.model.named_parameters():
+            if f"lora_B.{name}." in n:
+                p.copy_(torch.randn(p.shape, generator=gen))
+
+
+def test_revisions_count_every_weight_change(policy, tmp_path):
+    from wfc.artifact import write_adapter
+
+    policy.add_adapter("solver", LORA.peft_config())
+    assert policy.adapters == ["solver"] and policy.revision("solver") == 1
+    assert policy.mark_changed("solver") == 2  # what update() does after an optimizer step
+    policy.restore_adapter("solver", policy.adapter_state("solver"))
+    assert policy.revision("solver") == 3
+    write_adapter(policy.lora_config("solver"), policy.adapter_state("solver"), tmp_path / "solver")
+    policy.load_adapter("solver", str(tmp_path / "solver"))
+    assert policy.revision("solver") == 4
+    policy.add_adapter("critic", LORA.peft_config())
+    assert policy.revision("critic") == 1 and policy.revision("solver") == 4  # counters are per adapter
+    with pytest.raises(ValueError, match="unknown adapter 'nope'"):
+        policy.revision("nope")
+    with pytest.raises(ValueError, match="already exists"):
+        policy.add_adapter("solver", LORA.peft_config())
+
+
+def test_export_restore_round_trip_is_exact(policy):
+    from peft import get_peft_model_state_dict
+
+    policy.add_adapter("solver", LORA.peft_config())
+    _perturb(policy, "solver", 1)
+    [rev] = policy.export(["solver"])
+    assert rev.name == "solver" and rev.revision == policy.revision("solver") and rev.config.r == 4
+    assert set(rev.tensors) == set(get_peft_model_state_dict(policy.model, adapter_name="solver"))
+    assert all(t.device.type == "cpu" for t in rev.tensors.values())
+    saved = {k: v.clone() for k, v in rev.tensors.items()}
+    _perturb(policy, "solver", 2)  # the policy moves on: the exported revision does not (its tensors are clones)
+    assert all(torch.equal(rev.tensors[k], saved[k]) for k in saved)
+    assert any(not torch.equal(v, saved[k]) for k, v in policy.adapter_state("solver").items())
+    policy.restore_adapter("solver", rev.tensors)
+    assert all(torch.equal(v, saved[k]) for k, v in policy.adapter_state("solver").items())
+
+
+def test_devices_resolve_and_bad_ones_say_what_to_pass():
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="'auto', 'cpu', 'cuda' or 'cuda:N'"):
+        resolve_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            resolve_device("cuda:0")
+    with pytest.raises(ValueError, match="device"):
+        MMGRPOConfig(device="gpu")
+    with pytest.raises(ValueError, match="dtype"):
+        Policy("tiny", dtype="int8")
+    with Policy("tiny", device="cpu").autocast():  # a no-op on the CPU
+        assert not torch.is_autocast_enabled()
+
+
+def test_hf_engine_shares_a_policy(policy):
+    engine = HFEngine(policy=policy)
+    try:
+        assert engine.policy is policy and engine.handle is policy.handle and engine.tokenizer is policy.tokenizer
+        policy.add_adapter("solver", LORA.peft_config())
+        assert engine.adapters == ["solver"]
+        engine.load_adapters(policy.export(["solver"]))  # colocated: nothing to do
+        with pytest.raises(ValueError, match="shares its policy's weights"):
+            engine.load_adapters([AdapterRevision(name="other", revision=1, config=None, tensors={})])
+        messages = ({"role": "user", "content": "What is 1 plus 2?"},)
+        assert ScriptedEngine(["x"], tokenizer=policy.tokenizer).encode_prompt(messages) == engine.encode_prompt(messages)
+    finally:
+        engine.close()
+    with pytest.raises(ValueError, match="not both"):
+        HFEngine("tiny", policy=policy)
+
+
+def test_compile_on_a_scripted_engine_trains_the_policy(policy, tmp_path):
+    """The whole loop with no model in the engine: scripted answers with real token ids of the policy's tokenizer;
+    the adapter moves, the base does not, and the engine receives every changed revision, in increasing order."""
+    answers = itertools.cycle(["seven", "7", "I think it is seven"])
+    lock = threading.Lock()
+
+    def script(request):
+        with lock:
+            return next(answers)
+
+    def metric(example, prediction, trace=None):
+        return float(prediction.answer == "seven")
+
+    engine = ScriptedEngine(script, tokenizer=policy.tokenizer)
+    base = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    compiled = MMGRPO(metric, **tiny_config()).compile(Single(SIG), trainset=TRAIN, valset=TRAIN[:2], engine=engine,
+                                                       policy=policy, run_dir=tmp_path / "run", progress=False)
+    assert compiled.policy is policy and compiled.engine is engine
+    lora_b = [p for n, p in policy.model.named_parameters() if "lora_B.shared." in n]
+    assert lora_b and any(float(p.detach().abs().sum()) > 0 for p in lora_b), "LoRA B starts at 0: training must move it"
+    for name, p in policy.base_model.named_parameters():
+        if "lora_" not in name:
+            assert torch.equal(p.detach(), base[name.replace(".base_layer", "")]), f"base weight {name} changed"
+    revisions = [rev for handoff in engine.handoffs for name, rev in handoff if name == "shared"]
+    assert revisions[0] == 1 and len(revisions) >= 3  # creation, then (at least) one per step
+    assert revisions == sorted(set(revisions)), f"revisions must strictly increase: {revisions}"
+    assert revisions[-1] == policy.revision("shared")  # the engine holds what the policy holds
+    log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in log if r["kind"] == "step"]
+    assert len(steps) == 2 and all(r["adapters"]["shared"]["trained_rows"] > 0 for r in steps)
+    # the scripted log-probs are placeholders, treated as unknown: importance weight 1, no mismatch
+    assert all(r["logprob_mismatch"]["max_abs"] == 0.0 and r["logprob_mismatch"]["weight_mean"] == 1.0 for r in steps)
+    [call] = compiled.trace(TRAIN[0]).calls  # real ids: the chat template's prompt, the text's ids plus EOS
+    assert call.prompt_ids == engine.encode_prompt(call.messages) and not call.logprobs_known
+    assert call.completion_ids == [*policy.tokenizer(call.text, add_special_tokens=False)["input_ids"],
+                                   policy.tokenizer.eos_token_id]
+    path = compiled.save(tmp_path / "art")  # saved from the policy, not the engine
+    assert (path / "adapters" / "shared" / "adapter_model.safetensors").exists()
