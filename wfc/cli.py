@@ -4,7 +4,9 @@ runs it), registered in ``COMMANDS``. To add a subcommand, write the pair and ad
 Subcommands:
 - ``wfc inspect PROGRAM``: run a few traced rollouts of a program and print its calls and role graph.
 - ``wfc compile PROGRAM --task T --out DIR``: train with mmGRPO and save an artifact (``--resume RUN_DIR``: continue
-  a killed compile from its last checkpoint).
+  a killed compile from its last checkpoint). Data parallel: ``torchrun --nproc_per_node N -m wfc.cli compile ...``
+  (``compilers.distributed``: gloo on the CPU, NCCL on CUDA, one GPU per rank); rank 0 writes the run directory,
+  saves the artifact and prints, the other ranks exit 0.
 - ``wfc run DIR --input field=value``: run an artifact (``--trust-code`` lets the artifact's own code run,
   ``--program SPEC`` builds the program from yours; likewise for ``serve``).
 - ``wfc plan PROGRAM``: the backend decision and its reasons, without training.
@@ -160,6 +162,9 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="RUN_DIR", default=None,
                    help="continue a killed compile from the checkpoint in its run directory (same program, task, "
                         "model, backend and config; only --steps may change)")
+    p.epilog = ("data-parallel training: torchrun --nproc_per_node N -m wfc.cli compile ... (each rank rolls out "
+                "and backpropagates its share of every step; gradients are summed; only rank 0 writes --out "
+                "and --run-dir and prints; gloo on the CPU, NCCL and one GPU per rank on CUDA)")
 
 
 def _engine_args(p: argparse.ArgumentParser, *, help: str) -> None:
@@ -249,8 +254,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     backend = args.backend
     if backend.startswith("{"):
         backend = json.loads(backend)
+    from compilers.distributed import from_env
     from wfc.engines import make_engine
 
+    distributed = from_env(device=config.device)  # torchrun's ranks (else one process), before any model loads
     if args.resume:  # a missing or corrupted checkpoint is reported before the model loads
         from compilers.checkpoint import load as load_checkpoint
 
@@ -262,7 +269,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     try:
         compiled = MMGRPO(metric, config=config).compile(program, trainset=trainset, valset=valset, engine=engine,
                                                          model=args.model, backend=backend, run_dir=args.run_dir,
-                                                         program_import_path=args.program, resume=args.resume)
+                                                         program_import_path=args.program, resume=args.resume,
+                                                         distributed=distributed)
+        if not distributed.is_main:  # every rank holds the same result: rank 0 saves it and reports
+            return 0
         path = compiled.save(args.out)
     finally:
         if engine is not None:
