@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.compilers.tiny_setup import SIG, TRAIN, length_metric, tiny_config
+from tests.wfc.vllm_common import GREEDY, LOGPROB_ATOL, PROMPTS, assert_same, requests
 from wfc.engines.base import GenerationRequest, SamplingParams
 
 if importlib.util.find_spec("vllm") is None:
@@ -23,9 +24,6 @@ if importlib.util.find_spec("vllm") is None:
 
 pytestmark = pytest.mark.vllm
 
-LOGPROB_ATOL = 1e-4  # fp32 on both sides: different kernels, same math (measured ~2e-6)
-PROMPTS = [({"role": "user", "content": f"What is {a} plus {b}?"},) for a, b in [(1, 2), (7, 5), (12, 30), (4, 4)]]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=10)
 
 
 def _lora(r=8):
@@ -72,19 +70,10 @@ def hf_twin():
     engine.close()
 
 
-def _requests(adapter=None, sampling=GREEDY):
-    return [GenerationRequest(messages=m, adapter=adapter, sampling=sampling) for m in PROMPTS]
-
-
-def _assert_same(a, b):
-    for x, y in zip(a, b, strict=True):
-        assert x.prompt_ids == y.prompt_ids
-        assert x.completion_ids == y.completion_ids and x.text == y.text
-        assert max((abs(p - q) for p, q in zip(x.logprobs, y.logprobs)), default=0.0) < LOGPROB_ATOL
 
 
 def test_base_greedy_matches_hf(vllm_engine, hf_twin):
-    _assert_same(vllm_engine.generate(_requests()), hf_twin.generate(_requests()))
+    assert_same(vllm_engine.generate(requests()), hf_twin.generate(requests()))
 
 
 def test_adapter_greedy_and_mixed_batch_match_hf(vllm_engine, trainer, hf_twin):
@@ -94,8 +83,8 @@ def test_adapter_greedy_and_mixed_batch_match_hf(vllm_engine, trainer, hf_twin):
         vllm_engine.load_adapters(trainer.export([name]))
         hf_twin.policy.add_adapter(name, _lora())
         hf_twin.policy.restore_adapter(name, trainer.adapter_state(name))
-    alone = {a: vllm_engine.generate(_requests(a)) for a in ("eq_a", "eq_b", None)}
-    _assert_same(alone["eq_a"], hf_twin.generate(_requests("eq_a")))
+    alone = {a: vllm_engine.generate(requests(a)) for a in ("eq_a", "eq_b", None)}
+    assert_same(alone["eq_a"], hf_twin.generate(requests("eq_a")))
     assert [g.text for g in alone["eq_a"]] != [g.text for g in alone[None]]  # the adapter is really applied
     # one batch holding rows for two adapters and the base: row by row equal to each run alone
     mixed = [GenerationRequest(messages=m, adapter=a, sampling=GREEDY) for m in PROMPTS for a in ("eq_a", "eq_b", None)]
@@ -108,10 +97,10 @@ def test_adapter_greedy_and_mixed_batch_match_hf(vllm_engine, trainer, hf_twin):
 def test_handoff_serves_the_new_revision_and_drops_the_old(vllm_engine, trainer, hf_twin):
     trainer.add_adapter("ho", _lora())
     vllm_engine.load_adapters(trainer.export(["ho"]))
-    first = vllm_engine.generate(_requests("ho"))
+    first = vllm_engine.generate(requests("ho"))
     old_dir = vllm_engine._loras["ho"].lora_path
     _perturb(trainer.model, "ho", 7)  # the trainer changes weights in place ...
-    stale = vllm_engine.generate(_requests("ho"))
+    stale = vllm_engine.generate(requests("ho"))
     assert [g.completion_ids for g in stale] == [g.completion_ids for g in first]  # ... unseen until the hand-off
     handoffs = len(vllm_engine.stats["handoffs"])
     vllm_engine.load_adapters(trainer.export(["ho"]))
@@ -120,7 +109,7 @@ def test_handoff_serves_the_new_revision_and_drops_the_old(vllm_engine, trainer,
     assert not os.path.exists(old_dir)
     hf_twin.policy.add_adapter("ho", _lora())
     hf_twin.policy.restore_adapter("ho", trainer.adapter_state("ho"))
-    _assert_same(vllm_engine.generate(_requests("ho")), hf_twin.generate(_requests("ho")))
+    assert_same(vllm_engine.generate(requests("ho")), hf_twin.generate(requests("ho")))
 
 
 def test_sampling_logprobs_stop_and_independent_samples(vllm_engine, hf_twin):

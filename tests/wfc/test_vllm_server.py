@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from tests.compilers.tiny_setup import SIG, TRAIN, length_metric, tiny_config
+from tests.wfc.vllm_common import GREEDY, LOGPROB_ATOL, PROMPTS, assert_same, requests
 from wfc.engines.base import GenerationRequest, SamplingParams
 
 if importlib.util.find_spec("vllm") is None:
@@ -30,9 +31,6 @@ if importlib.util.find_spec("vllm") is None:
 
 pytestmark = pytest.mark.vllm
 
-LOGPROB_ATOL = 1e-4  # fp32 on both sides (measured ~1e-6)
-PROMPTS = [({"role": "user", "content": f"What is {a} plus {b}?"},) for a, b in [(1, 2), (7, 5), (12, 30), (4, 4)]]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=10)
 
 
 def _lora(r=8):
@@ -143,16 +141,6 @@ def hf_twin():
     twin.close()
 
 
-def _requests(adapter=None, sampling=GREEDY):
-    return [GenerationRequest(messages=m, adapter=adapter, sampling=sampling) for m in PROMPTS]
-
-
-def _assert_same(a, b):
-    for x, y in zip(a, b, strict=True):
-        assert x.prompt_ids == y.prompt_ids
-        assert x.completion_ids == y.completion_ids and x.text == y.text
-        assert len(x.logprobs) == len(x.completion_ids)
-        assert max((abs(p - q) for p, q in zip(x.logprobs, y.logprobs)), default=0.0) < LOGPROB_ATOL
 
 
 def _twin_adapter(trainer, hf_twin, name):
@@ -162,15 +150,15 @@ def _twin_adapter(trainer, hf_twin, name):
 
 
 def test_greedy_text_ids_and_logprobs_match_hf(engine, trainer, hf_twin):
-    _assert_same(engine.generate(_requests()), hf_twin.generate(_requests()))
+    assert_same(engine.generate(requests()), hf_twin.generate(requests()))
     for name, seed in (("eq_a", 1), ("eq_b", 2)):
         trainer.add_adapter(name, _lora())
         _perturb(trainer.model, name, seed)
         engine.load_adapters(trainer.export([name]))
         _twin_adapter(trainer, hf_twin, name)
-    alone = {a: engine.generate(_requests(a)) for a in ("eq_a", "eq_b", None)}
-    _assert_same(alone["eq_a"], hf_twin.generate(_requests("eq_a")))
-    _assert_same(alone["eq_b"], hf_twin.generate(_requests("eq_b")))
+    alone = {a: engine.generate(requests(a)) for a in ("eq_a", "eq_b", None)}
+    assert_same(alone["eq_a"], hf_twin.generate(requests("eq_a")))
+    assert_same(alone["eq_b"], hf_twin.generate(requests("eq_b")))
     assert [g.text for g in alone["eq_a"]] != [g.text for g in alone[None]]  # the adapter is really applied
     mixed = [GenerationRequest(messages=m, adapter=a, sampling=GREEDY) for m in PROMPTS for a in ("eq_a", "eq_b", None)]
     for req, out in zip(mixed, engine.generate(mixed)):  # concurrent requests for two adapters and the base
@@ -181,10 +169,10 @@ def test_handoff_serves_a_new_name_and_drops_the_old(engine, trainer, hf_twin, s
     trainer.add_adapter("ho", _lora())
     engine.load_adapters(trainer.export(["ho"]))
     first_name = engine.revisions["ho"]
-    first = engine.generate(_requests("ho"))
+    first = engine.generate(requests("ho"))
     old_dir = engine._owned["ho"]
     _perturb(trainer.model, "ho", 7)  # the trainer changes weights in place ...
-    assert [g.completion_ids for g in engine.generate(_requests("ho"))] == [g.completion_ids for g in first]
+    assert [g.completion_ids for g in engine.generate(requests("ho"))] == [g.completion_ids for g in first]
     engine.load_adapters(trainer.export(["ho"]))  # ... unseen until the hand-off
     new_name = engine.revisions["ho"]
     assert new_name != first_name and new_name.startswith("ho@") and first_name.startswith("ho@")
@@ -193,8 +181,8 @@ def test_handoff_serves_a_new_name_and_drops_the_old(engine, trainer, hf_twin, s
     assert not old_dir.exists() and engine._owned["ho"].exists()
     assert engine.stats["handoffs"][-1]["bytes"] < 5_000_000  # adapter weights only
     _twin_adapter(trainer, hf_twin, "ho")
-    after = engine.generate(_requests("ho"))
-    _assert_same(after, hf_twin.generate(_requests("ho")))
+    after = engine.generate(requests("ho"))
+    assert_same(after, hf_twin.generate(requests("ho")))
     assert [g.completion_ids for g in after] != [g.completion_ids for g in first]
 
 
@@ -248,10 +236,10 @@ def test_a_dead_server_is_reported_and_its_requests_retried(server, caplog):
     engine = VLLMServerEngine("tiny", servers=[dead, forwarder.url, server.url])
     try:
         assert any(dead in r.getMessage() for r in caplog.records)  # reported when first contacted
-        before = engine.generate(_requests() * 2)
+        before = engine.generate(requests() * 2)
         assert engine.stats["per_server"][forwarder.url] > 0 and engine.stats["per_server"][server.url] > 0
         forwarder.die()  # the second endpoint goes away between rounds
-        after = engine.generate(_requests() * 2)
+        after = engine.generate(requests() * 2)
         assert [g.completion_ids for g in after] == [g.completion_ids for g in before]
         assert engine.stats["retries"] >= 1
         assert [d["url"] for d in engine.stats["dead_servers"]] == [dead, forwarder.url]
@@ -263,7 +251,7 @@ def test_a_dead_server_is_reported_and_its_requests_retried(server, caplog):
     try:
         lone_forwarder.die()
         with pytest.raises(RuntimeError, match="every vLLM server is down"):
-            lone.generate(_requests()[:1])
+            lone.generate(requests()[:1])
     finally:
         lone.close()
 
