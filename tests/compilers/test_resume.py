@@ -61,7 +61,7 @@ SCRIPT = textwrap.dedent('''
             return loop
 
         ckpt.restore = spy
-    engine = HFEngine(load_model("tiny"), batch_wait_s=0.3)
+    engine = HFEngine(load_model("tiny"), batch_wait_s=1.0)  # callers quiet for 1 s: the same batches under load
     compiled = MMGRPO(metric, **tiny_config(steps=int(sys.argv[4]))).compile(
         Single(SIG), trainset=TRAIN, valset=TRAIN[:3], engine=engine, run_dir=run_dir, progress=False,
         resume=run_dir if mode == "resume" else None)
