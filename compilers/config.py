@@ -77,6 +77,10 @@ class MMGRPOConfig(BaseModel):
     labeled_demos: bool = Field(
         False, description="roles that answer the task from its own inputs take gold-labeled demos (LabeledFewShot; "
                            "compilers.prompts) instead of bootstrapped ones")
+    rollout_workers: int = Field(
+        256, ge=1, description="training rollouts in flight at once (threads); 1 runs them one by one: slower, but "
+                               "with HF sampling every generate call then holds one request, so a seeded compile "
+                               "(and a resumed one) draws the same tokens however loaded the machine is")
     # update
     learning_rate: float = Field(2e-4, gt=0.0)
     inner_epochs: int = Field(1, ge=1)

@@ -344,7 +344,7 @@ class MMGRPO:
             """The scored, credited rollouts of ``indices`` (this rank's shard run here, the rest gathered)."""
             examples = [trainset[i] for i in distributed.shard(indices)]
             rollouts = run_rollouts(student, examples, engine, repeats=cfg.group_size, adapters=role_adapters,
-                                    sampling=sampling) if examples else []
+                                    sampling=sampling, max_workers=cfg.rollout_workers) if examples else []
             cost = {k: 0 for k in cf_cost}
             for graphs in rollouts:
                 for g in graphs:

@@ -61,8 +61,9 @@ SCRIPT = textwrap.dedent('''
             return loop
 
         ckpt.restore = spy
-    engine = HFEngine(load_model("tiny"), batch_wait_s=1.0)  # callers quiet for 1 s: the same batches under load
-    compiled = MMGRPO(metric, **tiny_config(steps=int(sys.argv[4]))).compile(
+    engine = HFEngine(load_model("tiny"), batch_wait_s=0.02)
+    # rollout_workers=1: one request per generate call, so sampling does not depend on how a loaded machine batches
+    compiled = MMGRPO(metric, **tiny_config(steps=int(sys.argv[4]), rollout_workers=1)).compile(
         Single(SIG), trainset=TRAIN, valset=TRAIN[:3], engine=engine, run_dir=run_dir, progress=False,
         resume=run_dir if mode == "resume" else None)
     torch.save({a: adapter_state(engine.policy.model, a) for a in engine.adapters}, out / "adapters.pt")
