@@ -24,6 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def length_reward(example, prediction, trace=None) -> float:
+    return 1.0 / (1.0 + len(str(prediction.answer)))
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="a built-in name or a local model directory")
@@ -61,10 +65,8 @@ def main(argv: list[str] | None = None) -> dict:
     cuda = policy.device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(policy.device)
-    metric = task.metric
-    if args.model == "tiny":  # a random model never solves arithmetic: reward answer length, so groups have signal
-        def metric(example, prediction, trace=None):
-            return 1.0 / (1.0 + len(str(prediction.answer)))
+    # a random model never solves arithmetic: on it, reward answer length so groups have signal
+    metric = length_reward if args.model == "tiny" else task.metric
     try:
         compiled = MMGRPO(metric, steps=args.steps, examples_per_step=args.examples_per_step,
                           group_size=args.group_size, max_tokens=args.max_tokens, temperature=0.7, eval_every=0,

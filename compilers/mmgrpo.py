@@ -458,7 +458,6 @@ class MMGRPO:
             t_sync = time.time() - t_sync
             st.current = step
             graphs = [g for gs in rollouts for g in gs]
-            rewards = [g.reward for g in graphs]
             per_role = _role_stats(graphs, groups)
             _add_guard_stats(per_role, groups, weights, upd, role_adapters, optimizers)
             record = {
