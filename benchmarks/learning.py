@@ -1,8 +1,8 @@
 """Does compiling earn its keep? The demo recipe against the simple alternatives, over seeds, at an equal budget.
 
 Arms (each a fresh engine on the embedded model, the demo's task and held-out split):
-- ``workflow``: Voting (n=3) compiled with the ``better-together`` recipe (demos, then weights) — what ``make demo``
-  runs. With ``--reuse-demo`` the arm is read from ``runs/demo-seed<S>/summary.json`` + ``metrics.jsonl`` (a finished
+- ``workflow``: Voting (n=3) compiled with the demo's recipe (``examples/demo.py``'s ``RECIPE``, ``weights-only``
+  unless ``WFC_DEMO_RECIPE`` names another) — what ``make demo`` runs. With ``--reuse-demo`` the arm is read from ``runs/demo-seed<S>/summary.json`` + ``metrics.jsonl`` (a finished
   ``make demo`` / ``WFC_DEMO_SEED=S python examples/demo.py`` run) instead of run again.
 - ``single``: single-role GRPO on ``Single`` (``weights-only`` recipe), stopped at the same number of rollout
   completion tokens as the workflow arm of the same seed (``max_rollout_tokens``).
@@ -12,7 +12,7 @@ Arms (each a fresh engine on the embedded model, the demo's task and held-out sp
 Prints and writes ``OUT/results.jsonl`` (one line per run) and ``OUT/results.md`` (mean held-out accuracy per arm with
 a 95% t-interval over seeds, and the workflow's lead over each rival, paired by seed).
 
-    python benchmarks/learning.py --seeds 0,1,2 --arms workflow,prompt,single --reuse-demo --out runs/learning
+    python benchmarks/learning.py --seeds 0,1,2 --arms workflow,single,prompt --reuse-demo --out runs/learning
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ def run_arm(arm: str, seed: int, steps: int, budget: int | None, out: Path) -> d
     from wfc.tasks.math import math_metric
 
     task = demo.demo_task()
-    recipe = get_recipe({"workflow": "better-together", "single": "weights-only", "single_pw": "better-together",
-                         "prompt": "prompts-only"}[arm])
+    recipe = dict(demo.RECIPE) if arm == "workflow" else get_recipe(
+        {"single": "weights-only", "single_pw": "better-together", "prompt": "prompts-only"}[arm])
     program = Single(demo.SIGNATURE) if arm.startswith("single") else demo.program()
     if budget is not None and arm.startswith("single"):
         recipe.update(max_rollout_tokens=budget, steps=10 * steps)  # the budget, not the step count, stops it
@@ -116,8 +116,8 @@ def report(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--arms", default="workflow,prompt,single")
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--arms", default="workflow,single,prompt")
+    p.add_argument("--steps", type=int, default=10, help="the workflow's steps (the demo's default)")
     p.add_argument("--reuse-demo", action="store_true", help="read the workflow arm from runs/demo-seed<S>")
     p.add_argument("--out", default="runs/learning")
     args = p.parse_args(argv)

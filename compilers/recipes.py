@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 _GRPO: dict[str, Any] = dict(
-    examples_per_step=4, group_size=8, max_tokens=24, temperature=0.7, learning_rate=3e-4, advantage="dr_grpo",
-    loss_aggregation="token", credit="verified", eval_every=4)
+    examples_per_step=4, group_size=8, max_tokens=12, temperature=0.7, learning_rate=3e-4, advantage="dr_grpo",
+    loss_aggregation="token", credit="verified", eval_every=5)
 _DYNAMIC: dict[str, Any] = dict(dynamic_sampling=True, max_draw_rounds=2, pass_band=(0.0, 1.0))
 _DEMOS: dict[str, Any] = dict(demos_per_role=2, bootstrap_examples=24, bootstrap_repeats=2)
 

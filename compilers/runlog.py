@@ -1,7 +1,9 @@
 """The run log: one JSON line per step (and per validation) in ``metrics.jsonl``, and PNG curves at the end.
 
 ``write=False`` keeps the records in memory only (no directory, no file, no plot): the log of a data-parallel rank
-other than the main one, so only one process writes the run directory."""
+other than the main one, so only one process writes the run directory. ``fresh=True`` (a compile that starts over in
+a used run directory) moves an earlier ``metrics.jsonl`` to ``metrics.previous.jsonl`` first, so one file never mixes
+two runs' records."""
 
 from __future__ import annotations
 
@@ -11,12 +13,14 @@ from typing import Any
 
 
 class RunLog:
-    def __init__(self, run_dir: str | Path, *, write: bool = True):
+    def __init__(self, run_dir: str | Path, *, write: bool = True, fresh: bool = False):
         self.dir = Path(run_dir)
         self.write = write
+        self.path = self.dir / "metrics.jsonl"
         if write:
             self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.dir / "metrics.jsonl"
+            if fresh and self.path.exists():
+                self.path.replace(self.dir / "metrics.previous.jsonl")
         self.records: list[dict[str, Any]] = []
 
     def append(self, record: dict[str, Any]) -> None:

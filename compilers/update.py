@@ -124,12 +124,54 @@ def _pad(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return out, mask
 
 
-def _packs(rows: list[Row]) -> list[tuple[tuple[int, ...], list[int]]]:
-    """Rows sharing prompt ids -> (prompt ids, row indices)."""
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _packs(rows: list[Row], *, min_shared: int = 16) -> list[tuple[tuple[int, ...], list[int]]]:
+    """Rows -> packs ``(shared prefix ids, row indices)``.
+
+    Rows with equal prompts share a pack (a GRPO group's members, a fan-out role's calls). Rows whose prompts differ
+    only after a long common prefix share the pack of that prefix too: an aggregator's prompts within one example
+    differ only in the candidates, so its rows would otherwise each pay the whole ~100-token question and system
+    turn. Each row then keeps its own prompt *tail* (the tokens after the prefix) in front of its completion; the
+    packed mask lets a segment see the prefix and its own past only, so its completion's log-probs are exactly those
+    of its own full prompt (see :func:`_tail`). Prompts merge when they share at least ``min_shared`` tokens and the
+    merged row is shorter than the rows apart. Deterministic: packs follow the sorted order of the prompts."""
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for i, r in enumerate(rows):
         by_prompt.setdefault(r.prompt_ids, []).append(i)
-    return list(by_prompt.items())
+
+    def cost(prefix_len: int, idx: list[int]) -> int:  # packed tokens of one pack
+        return prefix_len + sum(len(rows[i].prompt_ids) - prefix_len + len(rows[i].completion_ids) for i in idx)
+
+    packs: list[tuple[tuple[int, ...], list[int]]] = []
+    for prompt in sorted(by_prompt):  # prompts with a common prefix sort next to each other
+        idx = by_prompt[prompt]
+        if packs:
+            prefix, members = packs[-1]
+            n = _common_prefix(prefix, prompt)
+            if n >= min_shared and cost(n, members + idx) < cost(len(prefix), members) + cost(len(prompt), idx):
+                packs[-1] = (prefix[:n], members + idx)
+                continue
+        packs.append((prompt, list(idx)))
+    return packs
+
+
+def _tail(row: Row, prefix: Sequence[int]) -> list[int]:
+    """The prompt tokens of ``row`` after its pack's shared prefix (empty when the prompt is the prefix)."""
+    return list(row.prompt_ids[len(prefix):])
+
+
+def _completion_logprobs(part: "_Part", g: int, lps: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Pack ``g``'s log-probs per row with the prompt tail's positions dropped: the completion's own log-probs."""
+    prefix, idx = part.packs[g]
+    return [t[len(part.rows[i].prompt_ids) - len(prefix):] for i, t in zip(idx, lps)]
 
 
 @dataclass
@@ -146,7 +188,7 @@ class _Part:
 def _part(rows: list[Row], token_budget: int, distributed: Distributed) -> _Part:
     """``rows``' packs (this rank's contiguous shard of them), their packed groups and micro-batch plan."""
     packs = distributed.shard(_packs(rows))
-    groups = [(list(p), [rows[i].completion_ids for i in idx]) for p, idx in packs]
+    groups = [(list(p), [_tail(rows[i], p) + rows[i].completion_ids for i in idx]) for p, idx in packs]
     return _Part(rows, packs, groups, plan_microbatches([packed_length(g) for g in groups], token_budget), {})
 
 
@@ -164,7 +206,7 @@ def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], tot
         lps = packed_logprobs(model, mb_groups, token_budget=1 << 30, temperature=temperature)
         flat, flat_old, flat_engine, adv, weights = [], [], [], [], []
         for g, group_lps in zip(mb, lps):
-            for j, (i, t) in enumerate(zip(part.packs[g][1], group_lps)):
+            for j, (i, t) in enumerate(zip(part.packs[g][1], _completion_logprobs(part, g, group_lps))):
                 flat.append(t)
                 old_t = part.old[g][j] if part.old else t.detach()
                 flat_old.append(old_t)
@@ -185,7 +227,7 @@ def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], tot
         if config.beta > 0:
             with torch.no_grad(), model.disable_adapter():
                 ref_lps = packed_logprobs(model, mb_groups, token_budget=1 << 30, temperature=temperature)
-            ref, _ = _pad([t for group in ref_lps for t in group])
+            ref, _ = _pad([t for g, group in zip(mb, ref_lps) for t in _completion_logprobs(part, g, group)])
         loss, st = policy_loss(
             logprobs, old_lp, torch.tensor(adv, device=logprobs.device), mask, aggregation=config.loss_aggregation,
             clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high, ref_logprobs=ref, beta=config.beta,
@@ -241,7 +283,7 @@ def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, 
                 for mb in part.plan:
                     for g, lps in zip(mb, packed_logprobs(model, [part.groups[g] for g in mb], token_budget=1 << 30,
                                                           temperature=config.temperature)):
-                        part.old[g] = [t.detach() for t in lps]
+                        part.old[g] = [t.detach() for t in _completion_logprobs(part, g, lps)]
 
     def weight(r: Row) -> float:
         return r.weight * (row_weights or {}).get(r.role, 1.0)

@@ -6,7 +6,7 @@ aggregator only when a voter was right), dynamic sampling (flat examples are rep
 Prints the role graph, held-out accuracy before and after (with 95% intervals), saves the artifact, loads it back and
 answers one question. Budget: about 12 minutes on a 2-core CPU.
 
-Environment: WFC_DEMO_SEED (default 0: training seed), WFC_DEMO_STEPS (default 8), WFC_DEMO_OUT (artifact dir).
+Environment: WFC_DEMO_SEED (default 0: training seed), WFC_DEMO_STEPS (default 10), WFC_DEMO_OUT (artifact dir).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from wfc.tasks.math import math_metric
 
 logging.getLogger("dspy").setLevel(logging.ERROR)
 
-SIGNATURE = dspy.Signature("question -> answer", "Solve the math word problem. Give the final answer as a number.")
+SIGNATURE = dspy.Signature("question -> answer", "Solve the math word problem. Answer with just the final number.")
 # compilers/recipes.py: the measured recipe behind the README figures (WFC_DEMO_RECIPE picks another one)
 RECIPE = get_recipe(os.environ.get("WFC_DEMO_RECIPE", "weights-only"))
 
@@ -46,7 +46,7 @@ def demo_task():
 
 def main() -> None:
     seed = int(os.environ.get("WFC_DEMO_SEED", "0"))
-    steps = int(os.environ.get("WFC_DEMO_STEPS", "8"))
+    steps = int(os.environ.get("WFC_DEMO_STEPS", "10"))
     out = Path(os.environ.get("WFC_DEMO_OUT", "artifacts/math-voting"))
     task = demo_task()
     t0 = time.time()

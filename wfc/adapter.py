@@ -5,7 +5,9 @@ samples at T=1), so every call would be a format error and GRPO would see no sig
 one output field there is nothing to delimit, so this adapter:
 
 - formats: a system message with the signature's instructions and the output field's description, then the inputs
-  as ``Name: value`` lines (a single input is sent as its bare value);
+  as ``Name: value`` lines (a single input is sent as its bare value), ending with the same "Reply with only ..."
+  line: a 135M model weighs the system turn little, and the reminder right before its turn is what it follows
+  (measured on the demo task: base pass rate at T=0.7 and greedy accuracy, 12 new tokens, both up or equal);
 - parses: the whole completion is the output field's value, coerced to its annotation (``list[str]`` also accepts one
   item per line; ``bool`` accepts yes/no/true/false/correct). A value that cannot be coerced is a format error.
 
@@ -101,13 +103,14 @@ class CompactChatAdapter(ChatAdapter):
         desc = (info.json_schema_extra or {}).get("desc") or field
         hint = desc if desc and not desc.startswith("${") else field.replace("_", " ")
         article = "" if hint.lower().startswith(("the ", "a ", "an ")) else "the "
-        system = f"{signature.instructions.strip()}\nReply with only {article}{hint}."
-        messages = [{"role": "system", "content": system}]
+        reply = f"Reply with only {article}{hint}."
+        messages = [{"role": "system", "content": f"{signature.instructions.strip()}\n{reply}"}]
         for demo in demos or []:
             if field in demo:
                 messages.append({"role": "user", "content": self._user_content(signature, demo)})
                 messages.append({"role": "assistant", "content": str(demo[field])})
-        messages.append({"role": "user", "content": self._user_content(signature, inputs)})
+        # The demos' user turns stay bare: the reminder closes the conversation once, right before the answer.
+        messages.append({"role": "user", "content": f"{self._user_content(signature, inputs)}\n{reply}"})
         return messages
 
     def parse(self, signature, completion: str) -> dict[str, Any]:

@@ -70,7 +70,7 @@ def test_orchworkers_variable_worker_counts(fake_engine):
     graphs = [trace(OrchWorkers(QA), {"question": "2 + 3?"}, engine) for _ in range(2)]
     assert [len(g.calls_of("worker")) for g in graphs] == [1, 3]
     assert all(g.status == "ok" and g.outputs == {"answer": "5"} for g in graphs)
-    subtasks = sorted(c.messages[-1]["content"].split("Subtask: ")[-1] for c in graphs[1].calls_of("worker"))
+    subtasks = sorted(c.messages[-1]["content"].split("Subtask: ")[-1].splitlines()[0] for c in graphs[1].calls_of("worker"))
     assert subtasks == ["add", "check", "read"]  # one worker call per subtask (submission order is the threads')
     rg = RoleGraph.from_rollouts(graphs)
     worker = rg.stats("worker")
@@ -171,7 +171,7 @@ def test_program_without_predictors_is_rejected(fake_engine):
 
 
 def test_run_rollouts_groups_by_example_in_input_order(fake_engine):
-    engine = fake_engine(lambda r: r.messages[-1]["content"].upper())
+    engine = fake_engine(lambda r: r.messages[-1]["content"].splitlines()[0].upper())
     out = run_rollouts(Single(QA), [{"question": "a"}, {"question": "b"}], engine, repeats=3)
     assert [[g.outputs["answer"] for g in gs] for gs in out] == [["A"] * 3, ["B"] * 3]
     assert all(g.example == {"question": q} for q, gs in zip("ab", out) for g in gs)

@@ -107,7 +107,7 @@ def test_program_route_matches_the_loaded_program(client, compiled):
     graph = body["graph"]
     assert [(c["role"], c["adapter"]) for c in graph["calls"]] == [("voter", "voters")] * 2 + [("aggregator", None)]
     assert all(c["status"] == "ok" and c["prompt_tokens"] > 0 and c["completion_tokens"] > 0 for c in graph["calls"])
-    assert graph["calls"][0]["messages"][-1]["content"] == QUESTIONS[0]
+    assert graph["calls"][0]["messages"][-1]["content"] == f"{QUESTIONS[0]}\nReply with only the answer."
     assert graph["outputs"] == body["outputs"] and all(e["src"] < e["dst"] for e in graph["edges"])
 
 
