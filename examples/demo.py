@@ -1,12 +1,13 @@
 """`make demo`: compile a Voting workflow on arithmetic word problems, on the embedded SmolLM2-135M (CPU).
 
-Recipe (BetterTogether, then mmGRPO with signal per step): bootstrap two demonstrations per role from the program's
-own passing runs, then train one shared LoRA adapter with verified per-role credit (voters on their own answers, the
-aggregator only when a voter was right), dynamic sampling (flat examples are replaced) and keep-best validation.
-Prints the role graph, held-out accuracy before and after (with 95% intervals), saves the artifact, loads it back and
-answers one question. Budget: about 12 minutes on a 2-core CPU.
+Recipe (``weights-only`` in compilers/recipes.py): mmGRPO on one shared LoRA adapter with verified per-role credit
+(voters on their own answers, the aggregator only when a voter was right) and keep-best validation; 10 steps of 4
+problems x 8 rollouts, 12 new tokens per call, T=0.7. Prints the role graph, held-out accuracy before and after (with
+95% intervals), saves the artifact, loads it back and answers one question. Measured on the 2-core CPU: 19 minutes
+(README, "The demo's figures, per seed").
 
-Environment: WFC_DEMO_SEED (default 0: training seed), WFC_DEMO_STEPS (default 10), WFC_DEMO_OUT (artifact dir).
+Environment: WFC_DEMO_SEED (default 0: training seed), WFC_DEMO_STEPS (default 10), WFC_DEMO_OUT (artifact dir),
+WFC_DEMO_RECIPE (default weights-only).
 """
 
 from __future__ import annotations
