@@ -261,7 +261,8 @@ class MMGRPO:
         hand_off()
         if main and resumed is None and ckpt.find(run_dir) is not None:
             warnings.warn(f"{run_dir} holds the checkpoint of an earlier compile: this one starts over and replaces "
-                          f"it (its metrics.jsonl moves to metrics.previous.jsonl); pass resume={str(run_dir)!r} (CLI --resume) to continue that one instead",
+                          f"it (its metrics.jsonl moves to metrics.previous.jsonl); pass resume={str(run_dir)!r} "
+                          f"(CLI --resume) to continue that one instead",
                           stacklevel=2)
         log = RunLog(run_dir, write=main, fresh=resumed is None)
         if resumed is None:
