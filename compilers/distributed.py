@@ -136,14 +136,15 @@ Distributed = SingleProcess | TorchDistributed
 
 
 def from_env(*, device: str | torch.device = "auto") -> Distributed:
-    """The ranks this process belongs to: an initialised ``torch.distributed`` group; else, where ``torchrun`` set
+    """The ranks this process belongs to: an initialised ``torch.distributed`` group of two or more; else, where ``torchrun`` set
     ``WORLD_SIZE > 1``, a new group (``nccl`` when ``device`` may be CUDA and CUDA is available, with this process on
     ``cuda:LOCAL_RANK``; ``gloo`` otherwise); else :class:`SingleProcess`. Call it before the policy is built, so
     ``device="auto"``/``"cuda"`` resolve to this rank's GPU."""
     import torch.distributed as dist
 
     cuda = str(device) != "cpu" and torch.cuda.is_available()
-    if dist.is_available() and dist.is_initialized():
+    # A group of one (vLLM initialises one in process for its own use) has nothing to share: single process.
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         nccl = dist.get_backend() == "nccl"
         return TorchDistributed(device=torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu")
     world = int(os.environ.get("WORLD_SIZE", "1"))

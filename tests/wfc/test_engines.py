@@ -104,3 +104,110 @@ def test_shared_prefill_gives_the_same_tokens_as_separate_prefill(tiny_handle):
     for x, y in zip(a, b):
         assert x.prompt_ids == y.prompt_ids and x.completion_ids == y.completion_ids
         assert max((abs(p - q) for p, q in zip(x.logprobs, y.logprobs)), default=0.0) < 1e-4
+
+
+def _adapter_engine():
+    """An engine on its own tiny model (adapters must not leak to tiny_engine) with two non-zero adapters."""
+    from peft import LoraConfig
+
+    from wfc.engines.hf import HFEngine
+    from wfc.models import load_model
+
+    engine = HFEngine(load_model("tiny"))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        for name in ("one", "two"):
+            engine.policy.add_adapter(name, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "up_proj"],
+                                                       init_lora_weights=False))
+    return engine
+
+
+def _unshared(engine, requests, sampling):
+    engine.share_prefill = False
+    try:
+        return engine._generate_batch(requests, sampling)
+    finally:
+        engine.share_prefill = True
+
+
+@pytest.mark.parametrize("wanted", [[None] * 6, ["one"] * 6, [None, "one", "two", "one", None, "two"]])
+def test_common_prefix_prefill_matches_separate_prefill(wanted):
+    """Rows sharing a long system prompt (and some whole prompts): the shared prefix is prefilled once per adapter,
+    the rest row by row, and every row's tokens and log-probs equal the unshared path's, for one adapter, none, or
+    a mix (each adapter's prefix cache is its own)."""
+    system = {"role": "system", "content": "You are a careful solver of arithmetic word problems. " * 3}
+    questions = ["What is 2 + 3?", "Tom has 12 apples and buys 7 more apples. How many now?", "What is 2 + 3?",
+                 "Add 40 and 2.", "Tom has 12 apples and buys 7 more apples. How many now?", "Seven minus one?"]
+    requests = [GenerationRequest(messages=(system, {"role": "user", "content": q}), adapter=a, sampling=GREEDY)
+                for q, a in zip(questions, wanted)]
+    shared = _adapter_engine()
+    ids, mask, prefix = shared._layout([shared._render(r.messages) for r in requests])
+    assert prefix >= 20  # the system prompt and chat template are shared by every row
+    for row, r in enumerate(requests):  # each row is exactly its own prompt
+        assert ids[row][mask[row].bool()].tolist() == shared.encode_prompt(r.messages)
+    a = shared._generate_batch(requests, GREEDY)
+    assert shared.stats["shared_prefix_tokens"] > 0
+    b = _unshared(shared, requests, GREEDY)
+    for x, y in zip(a, b):
+        assert x.prompt_ids == y.prompt_ids and x.completion_ids == y.completion_ids
+        assert max((abs(p - q) for p, q in zip(x.logprobs, y.logprobs)), default=0.0) < 1e-4
+    if len(set(wanted)) > 1:  # the adapters really differ, so sharing one prefix cache across them would show
+        alone = {w: shared._generate_batch([requests[0].model_copy(update={"adapter": w})], GREEDY)[0]
+                 for w in (None, "one", "two")}
+        assert len({tuple(round(v, 3) for v in g.logprobs) for g in alone.values()}) == 3
+
+
+def test_sampled_rows_with_a_shared_prefix_record_their_true_logprobs():
+    """Sampling over a prefix-shared cache: each row's recorded log-probs equal a teacher-forced pass of the
+    adapter's model over that row's own prompt and completion."""
+    shared = _adapter_engine()
+    system = {"role": "system", "content": "Solve it and reply with a number only, please. " * 2}
+    sampling = SamplingParams(temperature=0.8, max_tokens=6)
+    requests = [GenerationRequest(messages=(system, {"role": "user", "content": q}), adapter="one",
+                                  sampling=sampling) for q in ("1 + 1?", "What is 17 minus 9?", "1 + 1?")]
+    torch.manual_seed(0)
+    rows = shared._generate_batch(requests, sampling)
+    model = shared.policy.model
+    model.set_adapter("one")
+    for gen in rows:
+        ids = torch.tensor([gen.prompt_ids + gen.completion_ids])
+        with torch.inference_mode():
+            logits = model(input_ids=ids).logits[0, len(gen.prompt_ids) - 1: -1]
+        expected = torch.log_softmax(logits.float() / 0.8, -1).gather(1, torch.tensor(gen.completion_ids)[:, None])
+        assert gen.logprobs == pytest.approx(expected.squeeze(1).tolist(), abs=1e-4)
+
+
+def test_prefill_cost_and_subbatch_plan_by_hand():
+    """Hand-worked: two 'voter' prompts of 6 tokens sharing 4, two 'aggregator' prompts of 12 sharing 8, and the two
+    kinds sharing 2 tokens (the chat template)."""
+    from wfc.engines.hf import plan_subbatches, prefill_cost, shared_prefix
+
+    v1, v2 = [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 7, 8]
+    a1, a2 = [1, 2, 9, 9, 9, 9, 9, 9, 5, 5, 5, 5], [1, 2, 9, 9, 9, 9, 9, 9, 6, 6, 6, 6]
+    assert shared_prefix([v1, v2]) == 4 and shared_prefix([v1, v1]) == 0  # one distinct prompt: nothing to share
+    assert shared_prefix([[1, 2], [1, 2, 3]]) == 1  # below the shortest prompt
+    assert shared_prefix([v1, v2], min_shared=5) == 0
+    assert prefill_cost([v1, v2, v1]) == 4 + 2 * 2  # the duplicate costs nothing
+    prompts, kinds = [v1, v2, a1, a2], ["voter", "voter", "agg", "agg"]
+    # together: shared 2, width 10, 4 distinct rows -> 2 + 4 * 10 = 42; apart: (4 + 2 * 2) + (8 + 2 * 4) = 24
+    assert prefill_cost(prompts) == 42
+    assert plan_subbatches(prompts, kinds, decode_cost=17) == [[0, 1], [2, 3]]  # 24 + 17 < 42
+    assert plan_subbatches(prompts, kinds, decode_cost=18) == [[0, 1, 2, 3]]  # 24 + 18 is not < 42
+    assert plan_subbatches(prompts, ["x"] * 4, decode_cost=0) == [[0, 1, 2, 3]]
+
+
+def test_a_batch_of_two_roles_is_split_and_each_row_matches_the_unsplit_batch():
+    """Rows of two system prompts (one short, one long): generated as two calls, each sharing its own prefix, and
+    greedy results equal one unshared call's."""
+    engine = _adapter_engine()
+    short = {"role": "system", "content": "Answer."}
+    long = {"role": "system", "content": "Several solvers proposed answers; pick the one most agree on. " * 4}
+    requests = [GenerationRequest(messages=(sys, {"role": "user", "content": q}), adapter="one", sampling=GREEDY)
+                for sys in (short, long) for q in ("What is 2 + 3?", "What is 40 + 2?", "Seven minus one?")]
+    calls = engine.stats["generate_calls"]
+    a = engine._generate_batch(requests, GREEDY)
+    assert engine.stats["generate_calls"] == calls + 2
+    b = _unshared(engine, requests, GREEDY)
+    for x, y in zip(a, b):
+        assert x.prompt_ids == y.prompt_ids and x.completion_ids == y.completion_ids
+        assert max((abs(p - q) for p, q in zip(x.logprobs, y.logprobs)), default=0.0) < 1e-4

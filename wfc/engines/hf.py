@@ -15,6 +15,7 @@ temperature-scaled distribution (T=1 for greedy requests). No full (B, T, V) log
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import torch
@@ -48,6 +49,45 @@ class _LogprobRecorder:
         return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(sequences.shape[0], 0)  # (B, R)
 
 
+
+def shared_prefix(prompts: Sequence[Sequence[int]], *, min_shared: int = 1) -> int:
+    """Length of the prefix all ``prompts`` share, kept below the shortest one (every row keeps a token of its own
+    for generate); 0 when under ``min_shared`` or when there are fewer than two distinct prompts."""
+    distinct = list(dict.fromkeys(tuple(p) for p in prompts))
+    if len(distinct) < 2:
+        return 0
+    first, limit, n = distinct[0], min(len(p) for p in distinct) - 1, 0
+    while n < limit and all(p[n] == first[n] for p in distinct):
+        n += 1
+    return n if n >= min_shared else 0
+
+
+def prefill_cost(prompts: Sequence[Sequence[int]], *, min_shared: int = 1) -> int:
+    """Token positions one generate call prefills for these rows with :meth:`HFEngine._prefill_shared`: the
+    shared prefix once, then each distinct prompt's remainder padded to the longest (duplicates cost nothing)."""
+    distinct = list(dict.fromkeys(tuple(p) for p in prompts))
+    shared = shared_prefix(distinct, min_shared=min_shared)
+    return shared + len(distinct) * (max(len(p) for p in distinct) - shared)
+
+
+def plan_subbatches(prompts: Sequence[Sequence[int]], kinds: Sequence, *, decode_cost: int,
+                    min_shared: int = 1) -> list[list[int]]:
+    """Row indices of the generate calls to make for one batch: all rows together, or one call per kind (rows of
+    one role share a system prompt and adapter) when that prefills fewer positions even after paying
+    ``decode_cost`` (a whole decode, in prefill-token equivalents) for each extra call. A batch mixing a role with
+    short prompts and one with long prompts pads the short ones to the long width and shares no prefix beyond the
+    chat template; split, each part shares its own system prompt. Kinds keep their first-seen order."""
+    rows = list(range(len(prompts)))
+    groups: dict = {}
+    for i, kind in enumerate(kinds):
+        groups.setdefault(kind, []).append(i)
+    if len(groups) < 2:
+        return [rows]
+    whole = prefill_cost(prompts, min_shared=min_shared)
+    split = sum(prefill_cost([prompts[i] for i in g], min_shared=min_shared) for g in groups.values())
+    return list(groups.values()) if split + decode_cost * (len(groups) - 1) < whole else [rows]
+
+
 class HFEngine(BatchingEngine):
     """transformers + peft engine on a :class:`wfc.policy.Policy`'s model.
 
@@ -67,6 +107,8 @@ class HFEngine(BatchingEngine):
         batch_wait_s: float = 0.05,
         default_stop: tuple[str, ...] = (),
         share_prefill: bool = True,
+        min_shared_prefix: int = 8,
+        decode_step_tokens: int = 32,
     ):
         super().__init__(max_batch=max_batch, batch_wait_s=batch_wait_s)
         if policy is not None and model is not None:
@@ -74,6 +116,9 @@ class HFEngine(BatchingEngine):
         self.policy = policy if policy is not None else Policy(model or "smollm2-135m", device=device)
         self.default_stop = tuple(default_stop)
         self.share_prefill = share_prefill
+        self.min_shared_prefix = min_shared_prefix  # shorter common prefixes are not worth a separate pass
+        # what one more decode step costs, in prompt tokens of prefill: the price of splitting a batch in two
+        self.decode_step_tokens = decode_step_tokens
         self.stats = {"generate_calls": 0, "rows": 0, "batch_sizes": []}
 
     # ----- read-only views of the policy ----------------------------------------------------------------------
@@ -110,21 +155,49 @@ class HFEngine(BatchingEngine):
         # submitted first, so a seeded compile (and a resumed one) samples the same tokens every run.
         order = sorted(range(len(requests)), key=lambda i: (self._render(requests[i].messages),
                                                             requests[i].adapter or ""))
-        results = self._generate_rows([requests[i] for i in order], sampling)
+        ordered = [requests[i] for i in order]
+        parts = [list(range(len(ordered)))]
+        if self.share_prefill and len(ordered) > 1:
+            ids = [self.encode_prompt(r.messages) for r in ordered]
+            kinds = [(r.messages[0].get("content", "") if r.messages else "", r.adapter) for r in ordered]
+            parts = plan_subbatches(ids, kinds, decode_cost=sampling.max_tokens * self.decode_step_tokens,
+                                    min_shared=self.min_shared_prefix)
+        results: list[Generation] = [None] * len(ordered)  # type: ignore[list-item]
+        for part in parts:
+            for row, gen in zip(part, self._generate_rows([ordered[i] for i in part], sampling)):
+                results[row] = gen
         out: list[Generation] = [None] * len(requests)  # type: ignore[list-item]
         for row, i in enumerate(order):
             out[i] = results[row]
         return out
 
+    def _layout(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Token ids (B, L) and attention mask of a batch, and the length P of the prefix every row shares.
+
+        Rows are ``prefix (P) | padding | own suffix``: the shared prefix sits at the same columns in every row so
+        its key/value cache can be computed once (:meth:`_prefill_shared`), and the padding (mask 0) between it and
+        each row's suffix right-aligns the suffixes, as generate needs. Positions follow the mask, so a row means
+        exactly its own prompt. P is 0 (plain left padding) unless at least two distinct prompts share a prefix
+        worth it; P stays below every row's length so each row keeps at least one token of its own for generate."""
+        tok = self.tokenizer
+        rows = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+        shared = shared_prefix(rows, min_shared=self.min_shared_prefix) if self.share_prefill else 0
+        width = max(len(r) for r in rows) - shared
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        ids = torch.full((len(rows), shared + width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(rows):
+            own = len(r) - shared
+            ids[i, :shared], mask[i, :shared] = torch.tensor(r[:shared], dtype=torch.long), 1
+            ids[i, shared + width - own:], mask[i, shared + width - own:] = torch.tensor(r[shared:]), 1
+        return ids, mask, shared
+
     def _generate_rows(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
         tok = self.tokenizer
-        texts = [self._render(r.messages) for r in requests]
-        enc = tok(texts, add_special_tokens=False, padding=True, return_tensors="pt")
+        input_ids, attention_mask, shared = self._layout([self._render(r.messages) for r in requests])
         stop = tuple(sampling.stop) + self.default_stop
         recorder = _LogprobRecorder(sampling.temperature)
         kwargs: dict[str, Any] = dict(
-            input_ids=enc["input_ids"],
-            attention_mask=enc["attention_mask"],
             max_new_tokens=sampling.max_tokens,
             do_sample=not sampling.greedy,
             pad_token_id=tok.pad_token_id,
@@ -139,31 +212,29 @@ class HFEngine(BatchingEngine):
         if stop:
             kwargs.update(stop_strings=list(stop), tokenizer=tok)
         device = self.policy.device
-        kwargs["input_ids"], kwargs["attention_mask"] = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+        kwargs["input_ids"], kwargs["attention_mask"] = input_ids.to(device), attention_mask.to(device)
         wanted = [r.adapter for r in requests]
         if any(a is not None for a in wanted):
             missing = sorted({a for a in wanted if a is not None} - set(self.adapters))
             if missing:
                 raise ValueError(f"unknown adapter(s) {missing}; this engine has {self.adapters or 'none'}")
         policy = self.policy
-        if policy.is_peft:
-            kwargs["adapter_names"] = [a if a is not None else BASE_ADAPTER for a in wanted]
         with policy.lock, torch.inference_mode():
             model = policy.model
             model.eval()
-            if self.share_prefill:
-                self._prefill_shared(model, kwargs, requests)
-            out = model.generate(**kwargs)
+            with self._adapters(model, wanted, kwargs):
+                if self.share_prefill:
+                    self._prefill_shared(model, kwargs, requests, shared)
+                out = model.generate(**kwargs)
             logprobs = recorder.finish(out).cpu()  # (B, R)
             out = out.cpu()
         self.stats["generate_calls"] += 1
         self.stats["rows"] += len(requests)
         self.stats["batch_sizes"].append(len(requests))
-        prompt_len = enc["input_ids"].shape[1]
+        prompt_len = input_ids.shape[1]
         results = []
         for row in range(len(requests)):
-            mask = enc["attention_mask"][row].bool()
-            prompt_ids = enc["input_ids"][row][mask].tolist()
+            prompt_ids = input_ids[row][attention_mask[row].bool()].tolist()
             produced = out[row, prompt_len:].tolist()
             completion, finish = self._trim(produced, stop, sampling.max_tokens)
             results.append(
@@ -177,29 +248,62 @@ class HFEngine(BatchingEngine):
             )
         return results
 
-    def _prefill_shared(self, model, kwargs: dict[str, Any], requests: list[GenerationRequest]) -> None:
-        """Prefill each distinct (prompt, adapter) once and hand generate a cache expanded to every row.
+    def _adapters(self, model, wanted: list[str | None], kwargs: dict[str, Any]):
+        """The adapter scope of one batch. One adapter for every row: it is made the active one (peft's plain LoRA
+        forward); no adapter: peft's layers are bypassed; a mix: ``adapter_names`` per row (peft's mixed-batch
+        forward, which gathers each adapter's rows in every LoRA layer: measured ~1.4x slower on the CPU, so it is
+        kept for batches that need it). The active adapter is model state; it changes only under the policy's lock,
+        and the trainer sets its own before every update."""
+        if not self.policy.is_peft:
+            return contextlib.nullcontext()
+        names = set(wanted)
+        if len(names) > 1:
+            kwargs["adapter_names"] = [a if a is not None else BASE_ADAPTER for a in wanted]
+            return contextlib.nullcontext()
+        (name,) = names
+        if name is None:
+            return model.disable_adapter()
+        model.set_adapter(name)
+        return contextlib.nullcontext()
 
-        In GRPO every rollout of an example sends its first role the same prompt (and fan-out roles send it k times
-        more), so a sampled batch is mostly duplicates: prefill is the bulk of CPU generation cost and is paid once
-        per distinct prompt here. Positions follow the attention mask exactly as generate computes them, so the
-        result equals an unshared prefill up to float rounding. No-op when every row is distinct."""
+    def _prefill_shared(self, model, kwargs: dict[str, Any], requests: list[GenerationRequest], shared: int) -> None:
+        """Prefill what rows share once and hand generate a cache expanded to every row.
+
+        Two kinds of sharing, both exact up to float rounding (positions follow the mask as generate computes
+        them): the prefix of ``shared`` tokens every row has (the system prompt and instructions: computed once per
+        adapter in the batch), and duplicate (prompt, adapter) rows (in GRPO every rollout of an example sends its
+        first role the same prompt, and fan-out roles send it k times more: prefilled once per distinct prompt).
+        On the CPU prefill is the bulk of generation cost. No-op when nothing is shared."""
         ids, mask = kwargs["input_ids"], kwargs["attention_mask"]
+        names = kwargs.get("adapter_names")
         keys = [(tuple(ids[i].tolist()), r.adapter) for i, r in enumerate(requests)]
         first: dict = {}
         index = [first.setdefault(k, len(first)) for k in keys]
-        if len(first) == len(keys) or ids.shape[1] < 2:
+        if (len(first) == len(keys) and not shared) or ids.shape[1] < 2:
             return
         rows = [keys.index(k) for k in first]  # one representative row per distinct prompt
-        u_ids, u_mask = ids[rows, :-1], mask[rows, :-1]
-        position_ids = (u_mask.long().cumsum(-1) - 1).clamp(min=0)
-        extra = {"adapter_names": [kwargs["adapter_names"][r] for r in rows]} if "adapter_names" in kwargs else {}
-        out = model(input_ids=u_ids, attention_mask=u_mask, position_ids=position_ids, use_cache=True,
-                         logits_to_keep=1, **extra)
-        cache = out.past_key_values
+        cache = None
+        if shared:
+            adapters = list(dict.fromkeys(requests[r].adapter for r in rows))
+            extra = ({"adapter_names": [a if a is not None else BASE_ADAPTER for a in adapters]} if names else {})
+            out = model(input_ids=ids[rows[:1], :shared].expand(len(adapters), -1), use_cache=True, logits_to_keep=1,
+                        **extra)
+            cache = out.past_key_values
+            cache.batch_select_indices(torch.tensor([adapters.index(requests[r].adapter) for r in rows],
+                                                    device=ids.device))
+        if ids.shape[1] - 1 > shared:
+            u_mask = mask[rows, :-1]
+            position_ids = (u_mask.long().cumsum(-1) - 1).clamp(min=0)[:, shared:]
+            extra = {"adapter_names": [names[r] for r in rows]} if names else {}
+            out = model(input_ids=ids[rows, shared:-1], attention_mask=u_mask, position_ids=position_ids,
+                        past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
+            cache = out.past_key_values
+        if cache is None:
+            return
         cache.batch_select_indices(torch.tensor(index, device=ids.device))
         kwargs["past_key_values"] = cache
         self.stats["shared_prefill_rows"] = self.stats.get("shared_prefill_rows", 0) + len(keys) - len(first)
+        self.stats["shared_prefix_tokens"] = self.stats.get("shared_prefix_tokens", 0) + shared * (len(first) - 1)
 
     def _trim(self, produced: list[int], stop: tuple[str, ...], max_tokens: int) -> tuple[list[int], str]:
         """Cut a generated row at its first EOS (kept) or at the token completing a stop string (kept)."""
