@@ -45,6 +45,9 @@ class MMGRPOConfig(BaseModel):
     credit: str = Field("inherit", description="inherit | own_output | verified (see compilers.credit)")
     # grouping and advantages
     grouping: Literal["truncate", "fill", "ragged"] = "ragged"
+    pool_fanout: bool = Field(
+        False, description="one group for a role's calls that saw one same prompt (Voting's k voters x group_size "
+                           "rollouts: one baseline over all of them; compilers.group)")
     advantage: str = Field("dr_grpo", description="grpo | dr_grpo | rloo | mc_grpo")
     counterfactual_roles: list[str] = Field(
         default_factory=list, description="roles credited counterfactually (CCPO; compilers.counterfactual): each "

@@ -12,7 +12,13 @@ Roles called a variable number of times per rollout follow a mode (a small regis
 - ``fill``: rollouts with fewer calls repeat their last call so every group has all ``group_size`` members;
 - ``ragged``: a group holds whichever rollouts made that call (uneven groups; size-1 groups carry no signal).
 
-Invariant: groups are keyed by role path, never by signature; members keep a reference to their CallNode.
+``pool_fanout``: the groups of one (example, role) whose members all saw one same prompt are merged into one
+group (keyed by the lowest invocation). Voting's voters are k exchangeable samples of one prompt per rollout: pooled,
+the k x group_size answers share one baseline instead of k baselines of group_size each (fewer flat groups, less
+noise). Groups of calls that saw different prompts (a generator's second round, a worker's own subtask) never merge.
+
+Invariant: groups are keyed by role path, never by signature; members keep a reference to their CallNode; a member's
+key (``compilers.guards.member_key``) is (example, role, its own invocation, rollout), unique in a step.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ class Member:
     reward: float
     rollout: int  # index of the rollout within its example's rollouts
     repeated: bool = False  # a `fill` copy
+    invocation: int | None = None  # its own invocation index when pooled into another's group (see pool_fanout)
 
 
 @dataclass
@@ -94,7 +101,7 @@ GROUPING: dict[str, Callable[[list[list[Member]]], list[list[Member]]]] = {
 
 
 def build_groups(rollouts: Sequence[Sequence[RolloutGraph]], *, mode: str = "ragged", failure_score: float = 0.0,
-                 format_failure_score: float = -0.5) -> list[Group]:
+                 format_failure_score: float = -0.5, pool_fanout: bool = False) -> list[Group]:
     """Groups for one step. ``rollouts[e]`` are the rollouts of example ``e``; every one must be scored."""
     if mode not in GROUPING:
         raise ValueError(f"grouping mode {mode!r} is unknown: use one of {sorted(GROUPING)}")
@@ -116,7 +123,26 @@ def build_groups(rollouts: Sequence[Sequence[RolloutGraph]], *, mode: str = "rag
                         raise ValueError(f"non-finite reward {reward} for example {e}, role {role!r}")
                     calls.append(Member(c, reward, i))
                 per_rollout.append(calls)
-            for k, members in enumerate(GROUPING[mode](per_rollout)):
-                if members:
-                    groups.append(Group(example=e, role=role, invocation=k, members=members))
+            mine = [Group(example=e, role=role, invocation=k, members=members)
+                    for k, members in enumerate(GROUPING[mode](per_rollout)) if members]
+            groups.extend(_pool(mine) if pool_fanout else mine)
     return groups
+
+
+def _pool(groups: list[Group]) -> list[Group]:
+    """Merge the groups (of one example and role) whose members all saw one same prompt; others stay as they are."""
+    out: list[Group] = []
+    by_prompt: dict[tuple, Group] = {}
+    for g in groups:
+        prompts = {tuple(m.call.prompt_ids) for m in g.members}
+        if len(prompts) != 1:
+            out.append(g)
+            continue
+        (prompt,) = prompts
+        members = [Member(m.call, m.reward, m.rollout, m.repeated, g.invocation) for m in g.members]
+        if prompt in by_prompt:
+            by_prompt[prompt].members.extend(members)
+        else:
+            by_prompt[prompt] = Group(example=g.example, role=g.role, invocation=g.invocation, members=members)
+            out.append(by_prompt[prompt])
+    return out

@@ -48,8 +48,10 @@ from wfc.rollout import CallNode
 MemberKey = tuple[int, str, int, int]  # (example, role, invocation, rollout): one member of one group
 
 
-def member_key(group: Group, rollout: int) -> MemberKey:
-    return (group.example, group.role, group.invocation, rollout)
+def member_key(group: Group, member) -> MemberKey:
+    """A member's key: its own invocation (a pooled member keeps the one it was called as), else its group's."""
+    own = member.invocation if member.invocation is not None else group.invocation
+    return (group.example, group.role, own, member.rollout)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -93,7 +95,7 @@ def fanout_cohorts(calls: Sequence[CallNode]) -> list[list[int]]:
 def fanout_weights(groups: Sequence[Group]) -> dict[MemberKey, float]:
     """Weight ``1/k`` for every member of every group, ``k`` the rows of its cohort in these groups (module doc).
 
-    Keys are ``(example, role, invocation, rollout)`` (a group holds at most one member per rollout). A role called
+    Keys are ``member_key``s ``(example, role, invocation, rollout)``, unique per member. A role called
     once per rollout gets 1.0 everywhere. Invariant: for every (example, rollout, role), the weights of the members
     whose calls form one cohort sum to 1.
     """
@@ -104,7 +106,7 @@ def fanout_weights(groups: Sequence[Group]) -> dict[MemberKey, float]:
         for m in g.members:
             where = (g.example, m.rollout, g.role)
             calls.setdefault(where, {})[m.call.id] = m.call
-            rows.setdefault(where, {}).setdefault(m.call.id, []).append(member_key(g, m.rollout))
+            rows.setdefault(where, {}).setdefault(m.call.id, []).append(member_key(g, m))
     out: dict[MemberKey, float] = {}
     for where, by_id in calls.items():
         for cohort in fanout_cohorts(list(by_id.values())):

@@ -62,7 +62,8 @@ from compilers import checkpoint as ckpt
 from compilers.backends import BackendPlan, resolve_backend
 from compilers.config import MMGRPOConfig
 from compilers.group import Group, build_groups
-from compilers.guards import adapter_learning_rates, check_role_keys, cohort_sizes, detect_cliff, fanout_weights
+from compilers.guards import (adapter_learning_rates, check_role_keys, cohort_sizes, detect_cliff, fanout_weights,
+                              member_key)
 from compilers.runlog import RunLog
 from compilers.counterfactual import counterfactual_credit
 from compilers.credit import get_credit
@@ -148,7 +149,7 @@ def _add_guard_stats(per_role: dict[str, dict[str, Any]], groups: list[Group], w
     for role, adapter in role_adapters.items():
         if role not in per_role:
             continue
-        mine = [weights.get((g.example, g.role, g.invocation, m.rollout), 1.0)
+        mine = [weights.get(member_key(g, m), 1.0)
                 for g in groups if g.role == role for m in g.members]
         st = upd.get(adapter, {}).get("roles", {}).get(role, {})
         per_role[role].update(
@@ -379,7 +380,8 @@ class MMGRPO:
                 drawn.extend(indices)
                 rollouts = roll_out(indices)
                 signal = signal_examples(build_groups(rollouts, mode=cfg.grouping, failure_score=cfg.failure_score,
-                                                      format_failure_score=cfg.format_failure_score), len(indices))
+                                                      format_failure_score=cfg.format_failure_score,
+                                                      pool_fanout=cfg.pool_fanout), len(indices))
                 rewards.extend(g.reward for graphs in rollouts for g in graphs)
                 tokens += sum(len(c.completion_ids) for graphs in rollouts for g in graphs for c in g.calls)
                 for i, graphs, has in zip(indices, rollouts, signal):
@@ -440,7 +442,7 @@ class MMGRPO:
             drawing["completion_tokens_total"] = st.spent
             t_roll = time.time() - t0
             groups = build_groups(rollouts, mode=cfg.grouping, failure_score=cfg.failure_score,
-                                  format_failure_score=cfg.format_failure_score)
+                                  format_failure_score=cfg.format_failure_score, pool_fanout=cfg.pool_fanout)
             scored = []
             for g in groups:
                 ga = group_advantages(g.rewards, cfg.advantage)

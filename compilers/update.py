@@ -41,7 +41,7 @@ import torch
 
 from compilers.distributed import Distributed, SingleProcess
 from compilers.group import Group
-from compilers.guards import balance_weights, role_mass
+from compilers.guards import balance_weights, member_key, role_mass
 from compilers.loss import policy_loss
 from compilers.offpolicy import merge_mismatch, mismatch_stats, truncated_importance_weights
 from compilers.packing import packed_length, packed_logprobs, plan_microbatches
@@ -70,7 +70,7 @@ def rows_from_groups(groups: Sequence[Group], role_adapters: dict[str, str], *,
             raise ValueError(f"role {g.role!r} has no adapter; known roles: {sorted(role_adapters)}")
         for m, a in zip(g.members, g.advantages):
             if m.call.completion_ids:
-                w = (weights or {}).get((g.example, g.role, g.invocation, m.rollout), 1.0)
+                w = (weights or {}).get(member_key(g, m), 1.0)
                 known = m.call.logprobs_known and len(m.call.logprobs) == len(m.call.completion_ids)
                 lps = list(m.call.logprobs) if known else None
                 rows.append(Row(role_adapters[g.role], g.role, tuple(m.call.prompt_ids), list(m.call.completion_ids),

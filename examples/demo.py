@@ -7,7 +7,7 @@ problems x 8 rollouts, 12 new tokens per call, T=0.7. Prints the role graph, hel
 (README, "The demo's figures, per seed").
 
 Environment: WFC_DEMO_SEED (default 0: training seed), WFC_DEMO_STEPS (default 10), WFC_DEMO_OUT (artifact dir),
-WFC_DEMO_RECIPE (default weights-only).
+WFC_DEMO_RECIPE (default weights-only), WFC_DEMO_BACKEND (default shared: one LoRA for both roles; isolated: one each).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def main() -> None:
     seed = int(os.environ.get("WFC_DEMO_SEED", "0"))
     steps = int(os.environ.get("WFC_DEMO_STEPS", "10"))
     out = Path(os.environ.get("WFC_DEMO_OUT", "artifacts/math-voting"))
+    backend = os.environ.get("WFC_DEMO_BACKEND", "shared")
     task = demo_task()
     t0 = time.time()
     engine = HFEngine("smollm2-135m")
@@ -60,7 +61,7 @@ def main() -> None:
     print(f"baseline accuracy on {base['n']} held-out problems: {base['accuracy']:.3f} [{lo:.2f}, {hi:.2f}] "
           f"({time.time() - t0:.0f}s)")
     compiled = MMGRPO(math_metric, steps=steps, seed=seed, **RECIPE).compile(
-        prog, trainset=task.trainset, valset=task.valset, engine=engine, backend="shared",
+        prog, trainset=task.trainset, valset=task.valset, engine=engine, backend=backend,
         run_dir=Path("runs") / f"demo-seed{seed}")
     t_train = time.time()
     after = evaluate(compiled.program, task.testset, engine, metric=math_metric, adapters=compiled.roles,
@@ -75,7 +76,7 @@ def main() -> None:
     print(f"artifact: {path}\nQ: {question}\nA: {loaded(question=question).answer}  (expected {task.testset[0].answer})")
     total = time.time() - t0
     print(f"total time {total:.0f}s")
-    summary = {"seed": seed, "steps": steps, "baseline": base["accuracy"], "baseline_interval": base["interval"],
+    summary = {"seed": seed, "steps": steps, "backend": backend, "recipe": os.environ.get("WFC_DEMO_RECIPE", "weights-only"), "baseline": base["accuracy"], "baseline_interval": base["interval"],
                "compiled": after["accuracy"], "compiled_interval": after["interval"], "gain": gain,
                "best_step": compiled.manifest.best_step, "seconds": round(total, 1),
                "seconds_final_eval": round(time.time() - t_train, 1), "artifact": str(path)}

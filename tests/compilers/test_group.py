@@ -76,3 +76,57 @@ def test_unscored_rollout_and_bad_mode_are_errors():
 def test_call_reward_inherits_rollout_reward():
     g = rollout([call(0, "a", 0)], 0.75)
     assert call_reward(g, g.calls[0], failure_score=0.0, format_failure_score=-1.0) == 0.75
+
+
+def voting_rollouts():
+    """Two rollouts of one example: three voters on one prompt (own rewards [1, 0, 0] and [0, 0, 0]) and an
+    aggregator whose prompt differs per rollout."""
+    def voter(i, reward):
+        c = call(i, "voter", i)
+        c.prompt_ids, c.reward = [7, 7], reward
+        return c
+
+    def agg(prompt):
+        c = call(3, "aggregator", 0)
+        c.prompt_ids = prompt
+        return c
+
+    r0 = rollout([voter(0, 1.0), voter(1, 0.0), voter(2, 0.0), agg([8, 1])], 1.0)
+    r1 = rollout([voter(0, 0.0), voter(1, 0.0), voter(2, 0.0), agg([8, 2])], 0.0)
+    return [[r0, r1]]
+
+
+def test_pooled_fanout_groups_by_hand():
+    """Unpooled the voters form three groups of two ([1, 0], [0, 0], [0, 0]: two flat); pooled, one group of six
+    ([1, 0, 0, 0, 0, 0]: mean 1/6, Dr. GRPO advantages 5/6 and -1/6). Each pooled member keeps its own invocation,
+    so member keys stay unique and fan-out weights (1/3 per voter row) still sum to 1 per rollout. The aggregator's
+    prompts differ, so its group is never pooled."""
+    from compilers.advantages import group_advantages
+    from compilers.guards import fanout_weights, member_key
+
+    plain = build_groups(voting_rollouts())
+    assert [(g.role, g.invocation, g.rewards) for g in plain if g.role == "voter"] == [
+        ("voter", 0, [1.0, 0.0]), ("voter", 1, [0.0, 0.0]), ("voter", 2, [0.0, 0.0])]
+    pooled = build_groups(voting_rollouts(), pool_fanout=True)
+    (voters,) = [g for g in pooled if g.role == "voter"]
+    assert voters.invocation == 0 and voters.rewards == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert [m.invocation for m in voters.members] == [0, 0, 1, 1, 2, 2]
+    assert group_advantages(voters.rewards, "dr_grpo").advantages == pytest.approx([5 / 6] + [-1 / 6] * 5)
+    assert [g.rewards for g in pooled if g.role == "aggregator"] == [[1.0, 0.0]]
+    keys = [member_key(voters, m) for m in voters.members]
+    assert len(set(keys)) == 6
+    weights = fanout_weights(pooled)
+    for rollout_index in (0, 1):
+        assert sum(w for k, w in weights.items() if k[1] == "voter" and k[3] == rollout_index) == pytest.approx(1.0)
+        assert all(w == pytest.approx(1 / 3) for k, w in weights.items() if k[1] == "voter")
+
+
+def test_pooling_leaves_groups_of_differing_prompts_alone():
+    """Workers of one rollout get different subtasks (prompts): nothing merges, pooled or not."""
+    rollouts = worker_rollouts()
+    for graphs in rollouts:
+        for g in graphs:
+            for c in g.calls:
+                c.prompt_ids = [c.id, c.invocation, 9]
+    plain = [(g.role, g.invocation, g.rewards) for g in build_groups(rollouts)]
+    assert [(g.role, g.invocation, g.rewards) for g in build_groups(rollouts, pool_fanout=True)] == plain
