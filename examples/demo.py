@@ -37,12 +37,13 @@ RECIPE = get_recipe(os.environ.get("WFC_DEMO_RECIPE", "weights-only"))
 
 
 def program() -> Voting:
-    return Voting(SIGNATURE, n=3, name="math-voting")
+    # skip_unanimous: voters that agree end the run (programs/voting.py); the aggregator decides disagreements
+    return Voting(SIGNATURE, n=3, name="math-voting", skip_unanimous=True)
 
 
 def demo_task():
     """Disjoint splits (no question in two of them) of one-step problems with operands up to 20."""
-    return get_task("arithmetic", n_train=400, n_val=40, n_test=100, seed=1, steps=1, max_operand=20)
+    return get_task("arithmetic", n_train=400, n_val=100, n_test=100, seed=1, steps=1, max_operand=20)
 
 
 def main() -> None:
@@ -76,7 +77,9 @@ def main() -> None:
     print(f"artifact: {path}\nQ: {question}\nA: {loaded(question=question).answer}  (expected {task.testset[0].answer})")
     total = time.time() - t0
     print(f"total time {total:.0f}s")
-    summary = {"seed": seed, "steps": steps, "backend": backend, "recipe": os.environ.get("WFC_DEMO_RECIPE", "weights-only"), "baseline": base["accuracy"], "baseline_interval": base["interval"],
+    summary = {"seed": seed, "steps": steps, "backend": backend,
+               "recipe": os.environ.get("WFC_DEMO_RECIPE", "weights-only"),
+               "baseline": base["accuracy"], "baseline_interval": base["interval"],
                "compiled": after["accuracy"], "compiled_interval": after["interval"], "gain": gain,
                "best_step": compiled.manifest.best_step, "seconds": round(total, 1),
                "seconds_final_eval": round(time.time() - t_train, 1), "artifact": str(path)}

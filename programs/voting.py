@@ -4,6 +4,12 @@ The ``n`` voters are one role with fan-out (path ``voter``), not ``n`` roles: th
 form one group per invocation index. They are submitted concurrently so the engine generates them in one batch.
 A voter whose output cannot be parsed (or that crashes) is left out of the vote, and stays in the rollout graph with
 its status; if every voter fails, the run fails with the first error.
+
+``skip_unanimous=True``: when every voter that answered gave the same text (compared after stripping whitespace),
+the run returns that answer without calling the aggregator: there is nothing to choose, and a weak aggregator can
+only lose it (measured on the demo: greedy voters right on 48 of 100 problems, the aggregator's copy right on 40).
+Greedy voters are always unanimous, so at greedy inference the program then costs one voter call per input; in
+sampled training rollouts the aggregator is called, and trained, exactly when the voters disagree.
 """
 
 from __future__ import annotations
@@ -19,12 +25,13 @@ class Voting(Program):
     """n parallel voters answer, an aggregator picks the final answer."""
 
     def __init__(self, signature, *, n: int = 4, predictor: type[dspy.Predict] = dspy.Predict,
-                 name: str | None = None):
+                 name: str | None = None, skip_unanimous: bool = False):
         super().__init__(name=name)
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"Voting needs n >= 1 voters, got {n!r}")
         sig = task_signature(signature)
         self.n = n
+        self.skip_unanimous = bool(skip_unanimous)
         self.output = primary_output(sig)
         self.voter = predictor(sig)
         self.aggregator = predictor(derive(
@@ -46,4 +53,7 @@ class Voting(Program):
         if not good:
             raise votes[0]
         candidates = [str(getattr(v, self.output)) for v in good]
+        # getattr: artifacts saved before the option existed rebuild without the attribute
+        if getattr(self, "skip_unanimous", False) and len({c.strip() for c in candidates}) == 1:
+            return good[0]
         return self.aggregator(**inputs, candidates=candidates)

@@ -72,6 +72,19 @@ def test_voting_leaves_a_failed_voter_out_of_the_vote(fake_engine):
     assert g.status == "crash"  # the tracer marks a rollout with a crashed call, even one the program swallowed
 
 
+@pytest.mark.parametrize("votes, aggregated", [(["5", " 5", "5\n"], False), (["5", "5", "6"], True)])
+def test_voting_skips_the_aggregator_only_when_the_voters_agree(votes, aggregated, fake_engine):
+    """skip_unanimous: voters giving one answer (up to whitespace) end the run with it, no aggregator call; any
+    disagreement calls the aggregator as usual. Off by default."""
+    for skip in (True, False):
+        queue = iter(votes)
+        engine = fake_engine(by_system={AGGREGATOR: "9", "Solve": lambda r: next(queue)})
+        g = trace(Voting(QA, n=3, skip_unanimous=skip), EXAMPLE, engine)
+        called = not skip or aggregated
+        assert g.status == "ok" and len(g.calls_of("aggregator")) == int(called)
+        assert g.outputs["answer"].strip() == ("9" if called else "5")
+
+
 @pytest.mark.parametrize("verdicts, expected", [
     (["correct"], {"generator": 1, "evaluator": 1}),
     (["incorrect: off by one", "Correct."], {"generator": 1, "evaluator": 2, "optimizer": 1}),
