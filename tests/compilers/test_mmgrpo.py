@@ -124,3 +124,25 @@ def test_bad_compile_inputs(engine):
         MMGRPO(length_metric).compile(dspy.Module(), trainset=TRAIN, engine=engine)
     with pytest.raises(TypeError, match="metric must be callable"):
         MMGRPO("accuracy")
+
+
+def test_pooled_unanimous_voting_trains_and_the_artifact_keeps_the_option(engine, tmp_path):
+    """Voting(skip_unanimous=True) compiled with pool_fanout on the tiny model: the voters train in one group per
+    example (group_size x n members), sampled rollouts where the voters disagree call the aggregator, greedy runs
+    (unanimous voters) do not, and the loaded artifact still skips."""
+    compiled = MMGRPO(length_metric, **small(steps=1, pool_fanout=True, group_size=3)).compile(
+        Voting(SIG, n=3, skip_unanimous=True), trainset=TRAIN, valset=TRAIN[:2], engine=engine,
+        run_dir=tmp_path / "run", progress=False)
+    (step,) = [r for r in compiled.manifest.history if r["kind"] == "step"]
+    assert step["roles"]["voter"]["calls"] == 2 * 3 * 3  # examples x rollouts x voters
+    assert step["groups"] <= 2 + 2  # per example one pooled voter group (unpooled: 3) and at most one aggregator group
+    trained = {k: v for k, v in engine.policy.model.named_parameters() if "lora_B" in k and ".shared." in k}
+    assert any(v.abs().sum() > 0 for v in trained.values())
+    loaded = wfc.load(compiled.save(tmp_path / "art"), model="tiny")
+    try:
+        assert loaded.program.skip_unanimous is True
+        graph = wfc.lower.trace(loaded.program, {"question": "What is 2 plus 2?"}, loaded.engine,
+                                adapters=loaded.roles)
+        assert graph.roles == ["voter"] and len(graph.calls_of("voter")) == 3  # greedy voters agree: no aggregator
+    finally:
+        loaded.engine.close()
