@@ -12,23 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def paired(a: list[float], b: list[float]) -> dict:
-    """Paired comparison of two 0/1 score lists on the same problems: b - a with a normal 95% interval."""
-    diffs = [y - x for x, y in zip(a, b)]
-    n = len(diffs)
-    mean = sum(diffs) / n
-    var = sum((d - mean) ** 2 for d in diffs) / max(n - 1, 1)
-    half = 1.96 * math.sqrt(var / n)
-    return {"difference": mean, "interval": [mean - half, mean + half], "only_compiled": sum(d > 0 for d in diffs),
-            "only_uncompiled": sum(d < 0 for d in diffs)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import wfc
     from compilers import evaluate
+    from compilers.score import paired_difference
     from wfc.lower import copy_program, roles
     from wfc.tasks import get_task
 
@@ -57,9 +46,11 @@ def main(argv: list[str] | None = None) -> None:
     after = evaluate(compiled.program, task.testset, compiled.engine, metric=task.metric, adapters=compiled.roles,
                      max_tokens=max_tokens, progress="compiled")
     scores = lambda res: [float(g.reward) for g in res["graphs"]]  # noqa: E731
+    pair = paired_difference(scores(before), scores(after))
     result = {"artifact": str(args.artifact), "n": len(task.testset), "uncompiled": before["accuracy"],
               "uncompiled_interval": before["interval"], "compiled": after["accuracy"],
-              "compiled_interval": after["interval"], **paired(scores(before), scores(after)),
+              "compiled_interval": after["interval"], "difference": pair["difference"], "interval": pair["interval"],
+              "only_compiled": pair["only_after"], "only_uncompiled": pair["only_before"],
               "seconds": round(time.time() - t0, 1)}
     print(json.dumps(result, indent=1))
     if args.out:

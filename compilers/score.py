@@ -62,3 +62,17 @@ def mean_interval(values: list[float], *, z: float = 1.96) -> tuple[float, float
         return (mean, mean)
     std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
     return (mean - z * std / math.sqrt(n), mean + z * std / math.sqrt(n))
+
+
+def paired_difference(before: list[float], after: list[float], *, z: float = 1.96) -> dict:
+    """``after - before`` on the same items (two programs' scores per problem): the mean difference with its normal
+    ~95% interval, and how many items only one of them solved (score above the other's)."""
+    if len(before) != len(after) or not before:
+        raise ValueError(f"paired scores need two equal, non-empty lists; got {len(before)} and {len(after)}")
+    diffs = [b - a for a, b in zip(before, after)]
+    n = len(diffs)
+    mean = math.fsum(diffs) / n
+    var = math.fsum((d - mean) ** 2 for d in diffs) / max(n - 1, 1)
+    half = z * math.sqrt(var / n)
+    return {"difference": mean, "interval": [mean - half, mean + half], "only_after": sum(d > 0 for d in diffs),
+            "only_before": sum(d < 0 for d in diffs)}
