@@ -216,7 +216,7 @@ for path in ({str(target)!r}, "../escape.txt"):
 def test_deleting_host_files(sandbox_parent, tmp_path):
     precious = tmp_path / "precious.txt"
     precious.write_text("keep me")
-    relative = f"""
+    relative = """
 import os
 try:
     os.remove("precious.txt")
