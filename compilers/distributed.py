@@ -136,10 +136,10 @@ Distributed = SingleProcess | TorchDistributed
 
 
 def from_env(*, device: str | torch.device = "auto") -> Distributed:
-    """The ranks this process belongs to: an initialised ``torch.distributed`` group of two or more; else, where ``torchrun`` set
-    ``WORLD_SIZE > 1``, a new group (``nccl`` when ``device`` may be CUDA and CUDA is available, with this process on
-    ``cuda:LOCAL_RANK``; ``gloo`` otherwise); else :class:`SingleProcess`. Call it before the policy is built, so
-    ``device="auto"``/``"cuda"`` resolve to this rank's GPU."""
+    """The ranks this process belongs to: an initialised ``torch.distributed`` group of two or more; else, where
+    ``torchrun`` set ``WORLD_SIZE > 1``, a new group (``nccl`` when ``device`` may be CUDA and CUDA is available,
+    with this process on ``cuda:LOCAL_RANK``; ``gloo`` otherwise); else :class:`SingleProcess`. Call it before the
+    policy is built, so ``device="auto"``/``"cuda"`` resolve to this rank's GPU."""
     import torch.distributed as dist
 
     cuda = str(device) != "cpu" and torch.cuda.is_available()

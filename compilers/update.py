@@ -141,8 +141,8 @@ def _packs(rows: list[Row], *, min_shared: int = 16) -> list[tuple[tuple[int, ..
     differ only in the candidates, so its rows would otherwise each pay the whole ~100-token question and system
     turn. Each row then keeps its own prompt *tail* (the tokens after the prefix) in front of its completion; the
     packed mask lets a segment see the prefix and its own past only, so its completion's log-probs are exactly those
-    of its own full prompt (:func:`_completion_logprobs` drops the tail's positions). Prompts merge when they share at least ``min_shared`` tokens and the
-    merged row is shorter than the rows apart. Deterministic: packs follow the sorted order of the prompts."""
+    of its own full prompt (:func:`_completion_logprobs` drops the tail's positions). Prompts merge when they share
+    at least ``min_shared`` tokens and the merged row is shorter than the rows apart. Deterministic: packs follow the sorted order of the prompts."""
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for i, r in enumerate(rows):
         by_prompt.setdefault(r.prompt_ids, []).append(i)

@@ -141,7 +141,7 @@ def test_common_prefix_prefill_matches_separate_prefill(wanted):
     requests = [GenerationRequest(messages=(system, {"role": "user", "content": q}), adapter=a, sampling=GREEDY)
                 for q, a in zip(questions, wanted)]
     shared = _adapter_engine()
-    ids, mask, prefix = shared._layout([shared._render(r.messages) for r in requests])
+    ids, mask, prefix = shared._layout([shared.encode_prompt(r.messages) for r in requests])
     assert prefix >= 20  # the system prompt and chat template are shared by every row
     for row, r in enumerate(requests):  # each row is exactly its own prompt
         assert ids[row][mask[row].bool()].tolist() == shared.encode_prompt(r.messages)

@@ -49,7 +49,6 @@ class _LogprobRecorder:
         return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(sequences.shape[0], 0)  # (B, R)
 
 
-
 def shared_prefix(prompts: Sequence[Sequence[int]], *, min_shared: int = 1) -> int:
     """Length of the prefix all ``prompts`` share, kept below the shortest one (every row keeps a token of its own
     for generate); 0 when under ``min_shared`` or when there are fewer than two distinct prompts."""
@@ -156,22 +155,23 @@ class HFEngine(BatchingEngine):
         order = sorted(range(len(requests)), key=lambda i: (self._render(requests[i].messages),
                                                             requests[i].adapter or ""))
         ordered = [requests[i] for i in order]
+        ids = [self.encode_prompt(r.messages) for r in ordered]  # tokenized once, for the plan and the layout
         parts = [list(range(len(ordered)))]
         if self.share_prefill and len(ordered) > 1:
-            ids = [self.encode_prompt(r.messages) for r in ordered]
             kinds = [(r.messages[0].get("content", "") if r.messages else "", r.adapter) for r in ordered]
             parts = plan_subbatches(ids, kinds, decode_cost=sampling.max_tokens * self.decode_step_tokens,
                                     min_shared=self.min_shared_prefix)
         results: list[Generation] = [None] * len(ordered)  # type: ignore[list-item]
         for part in parts:
-            for row, gen in zip(part, self._generate_rows([ordered[i] for i in part], sampling)):
+            for row, gen in zip(part, self._generate_rows([ordered[i] for i in part], sampling,
+                                                          [ids[i] for i in part])):
                 results[row] = gen
         out: list[Generation] = [None] * len(requests)  # type: ignore[list-item]
         for row, i in enumerate(order):
             out[i] = results[row]
         return out
 
-    def _layout(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def _layout(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Token ids (B, L) and attention mask of a batch, and the length P of the prefix every row shares.
 
         Rows are ``prefix (P) | padding | own suffix``: the shared prefix sits at the same columns in every row so
@@ -180,7 +180,6 @@ class HFEngine(BatchingEngine):
         exactly its own prompt. P is 0 (plain left padding) unless at least two distinct prompts share a prefix
         worth it; P stays below every row's length so each row keeps at least one token of its own for generate."""
         tok = self.tokenizer
-        rows = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
         shared = shared_prefix(rows, min_shared=self.min_shared_prefix) if self.share_prefill else 0
         width = max(len(r) for r in rows) - shared
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -192,9 +191,10 @@ class HFEngine(BatchingEngine):
             ids[i, shared + width - own:], mask[i, shared + width - own:] = torch.tensor(r[shared:]), 1
         return ids, mask, shared
 
-    def _generate_rows(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
+    def _generate_rows(self, requests: list[GenerationRequest], sampling: SamplingParams,
+                       prompt_ids: list[list[int]]) -> list[Generation]:
         tok = self.tokenizer
-        input_ids, attention_mask, shared = self._layout([self._render(r.messages) for r in requests])
+        input_ids, attention_mask, shared = self._layout(prompt_ids)
         stop = tuple(sampling.stop) + self.default_stop
         recorder = _LogprobRecorder(sampling.temperature)
         kwargs: dict[str, Any] = dict(
