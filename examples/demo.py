@@ -1,10 +1,10 @@
 """`make demo`: compile a Voting workflow on arithmetic word problems, on the embedded SmolLM2-135M (CPU).
 
 Recipe (``weights-only`` in compilers/recipes.py): mmGRPO on one shared LoRA adapter with verified per-role credit
-(voters on their own answers, the aggregator only when a voter was right) and keep-best validation; 10 steps of 4
-problems x 8 rollouts, 12 new tokens per call, T=0.7. Prints the role graph, held-out accuracy before and after (with
-95% intervals), saves the artifact, loads it back and answers one question. Measured on the 2-core CPU: 19 minutes
-(README, "The demo's figures, per seed").
+(voters on their own answers, the aggregator only when a voter was right) and keep-best validation on 100 problems;
+10 steps of 4 problems x 8 rollouts, 12 new tokens per call, T=0.7; Voting(n=3, skip_unanimous=True). Prints the
+role graph, held-out accuracy before and after (with 95% intervals), saves the artifact, loads it back and answers
+one question. Measured on the 2-core CPU: 5 minutes after set-up (README, "The demo's figures, per seed").
 
 Environment: WFC_DEMO_SEED (default 0: training seed), WFC_DEMO_STEPS (default 10), WFC_DEMO_OUT (artifact dir),
 WFC_DEMO_RECIPE (default weights-only), WFC_DEMO_BACKEND (default shared: one LoRA for both roles; isolated: one each).
