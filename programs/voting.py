@@ -10,6 +10,11 @@ the run returns that answer without calling the aggregator: there is nothing to 
 only lose it (measured on the demo: greedy voters right on 48 of 100 problems, the aggregator's copy right on 40).
 Greedy voters are always unanimous, so at greedy inference the program then costs one voter call per input; in
 sampled training rollouts the aggregator is called, and trained, exactly when the voters disagree.
+
+``sample_voters=T``: in a greedy run (evaluation, ``wfc.load``, serving) the voters sample at temperature ``T``, so
+the vote has distinct answers to decide between (self-consistency); in a sampled run (training rollouts) every call
+keeps the run's own temperature, so the trainer's log-probs stay those of the distribution the calls were drawn from.
+The run's temperature is read from the voter's bound LM (``wfc.lower.bind`` gives each role its own), else DSPy's.
 """
 
 from __future__ import annotations
@@ -25,13 +30,17 @@ class Voting(Program):
     """n parallel voters answer, an aggregator picks the final answer."""
 
     def __init__(self, signature, *, n: int = 4, predictor: type[dspy.Predict] = dspy.Predict,
-                 name: str | None = None, skip_unanimous: bool = False):
+                 name: str | None = None, skip_unanimous: bool = False, sample_voters: float | None = None):
         super().__init__(name=name)
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"Voting needs n >= 1 voters, got {n!r}")
         sig = task_signature(signature)
         self.n = n
+        if sample_voters is not None and not (isinstance(sample_voters, (int, float)) and sample_voters > 0):
+            raise ValueError(f"sample_voters is the voters' temperature in greedy runs: a number > 0 or None, "
+                             f"got {sample_voters!r}")
         self.skip_unanimous = bool(skip_unanimous)
+        self.sample_voters = None if sample_voters is None else float(sample_voters)
         self.output = primary_output(sig)
         self.voter = predictor(sig)
         self.aggregator = predictor(derive(
@@ -41,10 +50,22 @@ class Voting(Program):
             extra_inputs={"candidates": (list[str], "the solvers' proposed answers")},
         ))
 
+    def _voter_config(self) -> dict:
+        """The voters' per-call DSPy config: a temperature only when this run is greedy and ``sample_voters`` is set."""
+        # getattr: artifacts saved before the option existed rebuild without the attribute
+        temperature = getattr(self, "sample_voters", None)
+        if temperature is None:
+            return {}
+        lm = self.voter.lm or dspy.settings.lm
+        run_temperature = (getattr(lm, "kwargs", None) or {}).get("temperature") or 0.0
+        return {"temperature": temperature} if run_temperature == 0.0 else {}
+
     def forward(self, **inputs):
+        config = self._voter_config()
+
         def vote(_):
             try:
-                return self.voter(**inputs)
+                return self.voter(**inputs, config=config) if config else self.voter(**inputs)
             except Exception as exc:  # kept in the graph by the tracer; left out of the vote here
                 return exc
 
@@ -53,7 +74,6 @@ class Voting(Program):
         if not good:
             raise votes[0]
         candidates = [str(getattr(v, self.output)) for v in good]
-        # getattr: artifacts saved before the option existed rebuild without the attribute
         if getattr(self, "skip_unanimous", False) and len({c.strip() for c in candidates}) == 1:
             return good[0]
         return self.aggregator(**inputs, candidates=candidates)

@@ -126,6 +126,27 @@ def test_bad_compile_inputs(engine):
         MMGRPO("accuracy")
 
 
+def test_sampled_voters_train_at_the_run_temperature_and_sample_when_served(engine, tmp_path):
+    """Voting(sample_voters=0.5) on the tiny model: training rollouts (T=1) keep T=1 on every call, so the engine's
+    log-probs equal the trainer's (applying 0.5 there too put them up to 0.4 apart); the loaded artifact's greedy run
+    samples its voters at 0.5, with the sampled tokens' log-probs."""
+    compiled = MMGRPO(length_metric, **small(steps=1)).compile(
+        Voting(SIG, n=3, skip_unanimous=True, sample_voters=0.5), trainset=TRAIN, valset=TRAIN[:2], engine=engine,
+        run_dir=tmp_path / "run", progress=False)
+    (step,) = [r for r in compiled.manifest.history if r["kind"] == "step"]
+    assert step["logprob_mismatch"]["tokens"] > 0 and step["logprob_mismatch"]["max_abs"] < 1e-3
+    loaded = wfc.load(compiled.save(tmp_path / "art"), model="tiny")
+    try:
+        assert loaded.program.sample_voters == 0.5
+        graph = wfc.lower.trace(loaded.program, {"question": "What is 2 plus 2?"}, loaded.engine,
+                                adapters=loaded.roles, sampling=loaded.sampling())
+        voters = graph.calls_of("voter")
+        assert len(voters) == 3 and all(c.temperature == 0.5 and c.logprobs_known for c in voters)
+        assert all(c.temperature == 0.0 for c in graph.calls_of("aggregator"))
+    finally:
+        loaded.engine.close()
+
+
 def test_pooled_unanimous_voting_trains_and_the_artifact_keeps_the_option(engine, tmp_path):
     """Voting(skip_unanimous=True) compiled with pool_fanout on the tiny model: the voters train in one group per
     example (group_size x n members), sampled rollouts where the voters disagree call the aggregator, greedy runs

@@ -11,6 +11,7 @@ import pytest
 
 from programs import TOPOLOGIES, EvalOpt, OrchWorkers, Single, Voting
 from programs.eval_opt import accepted
+from wfc.engines.base import SamplingParams
 from wfc.lower import roles, trace
 from wfc.rolegraph import RoleGraph
 
@@ -83,6 +84,34 @@ def test_voting_skips_the_aggregator_only_when_the_voters_agree(votes, aggregate
         called = not skip or aggregated
         assert g.status == "ok" and len(g.calls_of("aggregator")) == int(called)
         assert g.outputs["answer"].strip() == ("9" if called else "5")
+
+
+@pytest.mark.parametrize("run_temperature, voter_temperature", [(0.0, 0.9), (0.7, 0.7)])
+def test_voting_samples_its_voters_only_in_greedy_runs(run_temperature, voter_temperature, fake_engine):
+    """sample_voters=0.9: a greedy run's voters sample at 0.9 (the aggregator stays greedy); a sampled run (training)
+    keeps its own temperature on every call, so the trainer's log-probs match what was sampled."""
+    seen = []
+
+    def voter(request):
+        seen.append(request.sampling.temperature)
+        return str(len(seen))  # distinct answers: the aggregator decides
+
+    engine = fake_engine(by_system={AGGREGATOR: "9", "Solve": voter})
+    g = trace(Voting(QA, n=3, skip_unanimous=True, sample_voters=0.9), EXAMPLE, engine,
+              sampling=SamplingParams(temperature=run_temperature, max_tokens=8))
+    assert seen == [voter_temperature] * 3
+    assert [c.temperature for c in g.calls_of("voter")] == [voter_temperature] * 3
+    assert [c.temperature for c in g.calls_of("aggregator")] == [run_temperature]
+    assert g.outputs["answer"].strip() == "9"
+    seen.clear()
+    trace(Voting(QA, n=3), EXAMPLE, engine, sampling=SamplingParams(temperature=0.0, max_tokens=8))
+    assert seen == [0.0] * 3  # off by default: greedy voters
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, "hot"])
+def test_voting_sample_voters_must_be_a_positive_temperature(bad):
+    with pytest.raises(ValueError, match="sample_voters"):
+        Voting(QA, sample_voters=bad)
 
 
 @pytest.mark.parametrize("verdicts, expected", [
