@@ -1,10 +1,10 @@
 """Does compiling earn its keep? The demo recipe against the simple alternatives, over seeds, at an equal budget.
 
 Arms (each a fresh engine on the embedded model, the demo's task and held-out split):
-- ``workflow``: Voting (n=3) compiled with the demo's recipe (``examples/demo.py``'s ``RECIPE``, ``weights-only``
+- ``workflow``: Voting (n=3) compiled with the demo's recipe (``examples/demo.py``'s ``RECIPE``, ``dynamic``
   unless ``WFC_DEMO_RECIPE`` names another) — what ``make demo`` runs. With ``--reuse-demo`` the arm is read from ``runs/demo-seed<S>/summary.json`` + ``metrics.jsonl`` (a finished
   ``make demo`` / ``WFC_DEMO_SEED=S python examples/demo.py`` run) instead of run again.
-- ``single``: single-role GRPO on ``Single`` (``weights-only`` recipe), stopped at the same number of rollout
+- ``single``: single-role GRPO on ``Single`` with the workflow's recipe, stopped at the same number of rollout
   completion tokens as the workflow arm of the same seed (``max_rollout_tokens``).
 - ``single_pw``: ``Single`` with the ``better-together`` recipe at the same budget (the strongest one-role rival).
 - ``prompt``: Voting with demos only (``prompts-only``): prompt optimization alone.
@@ -58,8 +58,9 @@ def run_arm(arm: str, seed: int, steps: int, budget: int | None, out: Path) -> d
     from wfc.tasks.math import math_metric
 
     task = demo.demo_task()
-    recipe = dict(demo.RECIPE) if arm == "workflow" else get_recipe(
-        {"single": "weights-only", "single_pw": "better-together", "prompt": "prompts-only"}[arm])
+    # the single-role rival runs the workflow's own recipe: the comparison is the program, not the recipe
+    recipe = dict(demo.RECIPE) if arm in ("workflow", "single") else get_recipe(
+        {"single_pw": "better-together", "prompt": "prompts-only"}[arm])
     program = Single(demo.SIGNATURE) if arm.startswith("single") else demo.program()
     if budget is not None and arm.startswith("single"):
         recipe.update(max_rollout_tokens=budget, steps=10 * steps)  # the budget, not the step count, stops it
@@ -117,10 +118,14 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--arms", default="workflow,single,prompt")
-    p.add_argument("--steps", type=int, default=10, help="the workflow's steps (the demo's default)")
+    p.add_argument("--steps", type=int, default=None, help="the workflow's steps (default: the demo's)")
     p.add_argument("--reuse-demo", action="store_true", help="read the workflow arm from runs/demo-seed<S>")
     p.add_argument("--out", default="runs/learning")
     args = p.parse_args(argv)
+    if args.steps is None:
+        import demo
+
+        args.steps = demo.STEPS
     logging.getLogger("dspy").setLevel(logging.ERROR)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
