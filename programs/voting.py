@@ -65,7 +65,7 @@ class Voting(Program):
 
         def vote(_):
             try:
-                return self.voter(**inputs, config=config) if config else self.voter(**inputs)
+                return self.voter(**inputs, config=config)  # {}: the run's own settings
             except Exception as exc:  # kept in the graph by the tracer; left out of the vote here
                 return exc
 
