@@ -141,6 +141,9 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
                                                    "[the task signature's inputs]")
     p.add_argument("--metric", help="import spec of a metric function (overrides the task's metric)")
     p.add_argument("--val-size", type=_positive_int, default=None, help="use only the first N validation examples")
+    p.add_argument("--recipe", default=None,
+                   help="named recipe from compilers/recipes.py (fast, dynamic, weights-only, better-together, "
+                        "prompts-only) as the starting config; --config, --set and the flags below override it")
     p.add_argument("--config", help="JSON file with MMGRPOConfig fields; flags below override it")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override one config field (JSON value), e.g. --set group_size=8 --set lora.r=8")
@@ -209,8 +212,15 @@ def _read_jsonl(path: str, inputs: list[str]) -> list:
 
 def _config_overrides(args: argparse.Namespace) -> dict:
     cfg: dict[str, Any] = {}
+    if getattr(args, "recipe", None):
+        from compilers.recipes import get_recipe
+
+        try:
+            cfg = get_recipe(args.recipe)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     if args.config:
-        cfg = json.loads(Path(args.config).read_text())
+        cfg.update(json.loads(Path(args.config).read_text()))
     for item in args.set:
         if "=" not in item:
             raise UsageError(f"--set expects FIELD=VALUE, got {item!r}")

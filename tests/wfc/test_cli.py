@@ -89,10 +89,13 @@ def test_compile_run_rollback_on_tiny(program_file, tmp_path, capsys):
     out = tmp_path / "art"
     argv = ["compile", f"{program_file}:program", "--task", "arithmetic", "--model", "tiny", "--steps", "1", "--group-size", "2",
             "--examples-per-step", "2", "--max-tokens", "4", "--val-size", "2", "--set", "lora.r=4",
-            "--device", "cpu", "--out", str(out), "--run-dir", str(tmp_path / "run")]
+            "--recipe", "fast", "--device", "cpu", "--out", str(out), "--run-dir", str(tmp_path / "run")]
     assert main(argv) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["revisions"] == [0, 1] and manifest["config"]["lora"]["r"] == 4
+    # the recipe is the starting point, the flags override it
+    assert manifest["config"]["learning_rate"] == 6e-4 and manifest["config"]["dynamic_sampling"] is True
+    assert manifest["config"]["max_tokens"] == 4 and manifest["config"]["group_size"] == 2
     assert manifest["config"]["device"] == "cpu"
     assert main(["run", str(out), "--input", "question=What is 2 plus 2?", "--model", "tiny"]) == 0
     assert "answer:" in capsys.readouterr().out
@@ -111,3 +114,5 @@ def test_compile_bad_config_exits_2(program_file, tmp_path, capsys):
     assert "group_size" in capsys.readouterr().err
     assert main([*argv[:4], "--device", "gpu", "--out", str(tmp_path / "x")]) == 2
     assert "device" in capsys.readouterr().err
+    assert main([*argv[:4], "--recipe", "quick", "--out", str(tmp_path / "x")]) == 2
+    assert "recipe 'quick' is unknown" in capsys.readouterr().err and not (tmp_path / "x").exists()

@@ -1,0 +1,25 @@
+"""The recipe registry: every named recipe is a valid compile config, and a lookup hands out a copy."""
+
+import pytest
+
+from compilers.config import MMGRPOConfig
+from compilers.recipes import RECIPES, get_recipe
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_recipe_is_a_valid_config(name):
+    cfg = MMGRPOConfig(**get_recipe(name))
+    assert cfg.max_tokens == RECIPES[name]["max_tokens"]
+
+
+def test_fast_is_dynamic_at_twice_the_learning_rate():
+    fast, dynamic = get_recipe("fast"), get_recipe("dynamic")
+    assert fast.pop("learning_rate") == pytest.approx(2 * dynamic.pop("learning_rate"))
+    assert fast == dynamic
+
+
+def test_get_recipe_returns_a_copy_and_names_the_known_ones():
+    get_recipe("fast")["steps"] = 99
+    assert "steps" not in RECIPES["fast"]
+    with pytest.raises(ValueError, match="fast"):
+        get_recipe("nope")
