@@ -6,7 +6,8 @@ override any field: ``MMGRPO(metric, **{**RECIPES["better-together"], "steps": 2
 - ``dynamic``: the same plus DAPO dynamic sampling (flat examples replaced, two draw rounds at most) over examples
   whose running pass rate is strictly between 0 and 1 (the demo's previous recipe, 14 steps). Measured on the demo
   (2-core CPU): about half the drawn examples were flat at first, so a step rolled out about twice as many examples
-  for the same four trained ones; over three seeds it gained more evenly than ``weights-only`` (README, "The demo's figures, per seed").
+  for the same four trained ones; over three seeds it gained more evenly than ``weights-only`` (README, "The demo's
+  figures, per seed").
 - ``fast``: ``dynamic`` at twice the learning rate (6e-4); what ``make demo`` runs (10 steps) and, on ``Single``,
   the single-role GRPO rival of ``benchmarks/learning.py``. Measured on the demo, seed 1: validation 0.58 at step 5
   against 0.30 for ``dynamic`` (0.43 at 1e-3, which learned less), so ten steps gain more than fourteen did.

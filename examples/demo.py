@@ -3,8 +3,9 @@
 Recipe (``fast`` in compilers/recipes.py): mmGRPO on one shared LoRA adapter with verified per-role credit
 (voters on their own answers, the aggregator only when a voter was right), DAPO dynamic sampling (flat examples
 replaced, two draw rounds at most) and keep-best validation on 100 problems; 10 steps of 4 kept problems x 8
-rollouts, 12 new tokens per call, T=0.7, learning rate 6e-4; Voting(n=3, skip_unanimous=True). Prints the role graph, held-out accuracy
-on 300 problems before and after (with 95% intervals), saves the artifact, loads it back and answers one question.
+rollouts, 12 new tokens per call, T=0.7, learning rate 6e-4; Voting(n=3, skip_unanimous=True). Prints the role
+graph, held-out accuracy on 300 problems before and after (with 95% intervals), saves the artifact, loads it back
+and answers one question.
 Figures and minutes measured on the 2-core CPU: README, "The demo's figures, per seed".
 
 Environment: WFC_DEMO_SEED (default 0: training seed), WFC_DEMO_STEPS (default 10), WFC_DEMO_OUT (artifact dir),

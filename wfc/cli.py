@@ -142,8 +142,8 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metric", help="import spec of a metric function (overrides the task's metric)")
     p.add_argument("--val-size", type=_positive_int, default=None, help="use only the first N validation examples")
     p.add_argument("--recipe", default=None,
-                   help="named recipe from compilers/recipes.py (fast, dynamic, weights-only, better-together, "
-                        "prompts-only) as the starting config; --config, --set and the flags below override it")
+                   help="named recipe from compilers/recipes.py (e.g. fast, what `make demo` runs) as the starting "
+                        "config; --config, --set and the flags below override it")
     p.add_argument("--config", help="JSON file with MMGRPOConfig fields; flags below override it")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override one config field (JSON value), e.g. --set group_size=8 --set lora.r=8")
