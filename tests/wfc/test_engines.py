@@ -211,3 +211,59 @@ def test_a_batch_of_two_roles_is_split_and_each_row_matches_the_unsplit_batch():
     for x, y in zip(a, b):
         assert x.prompt_ids == y.prompt_ids and x.completion_ids == y.completion_ids
         assert max((abs(p - q) for p, q in zip(x.logprobs, y.logprobs)), default=0.0) < 1e-4
+
+
+def test_inverse_cdf_sampling_by_hand():
+    """p = (0.1, 0.2, 0.3, 0.4): cumulative (0.1, 0.3, 0.6, 1.0), so u picks the first index whose cumulative
+    probability exceeds it; a zero-probability entry is stepped over."""
+    from wfc.engines.hf import sample_tokens
+
+    logp = torch.tensor([0.1, 0.2, 0.3, 0.4]).log().expand(4, 4)
+    assert sample_tokens(logp, torch.tensor([0.05, 0.25, 0.55, 0.95])).tolist() == [0, 1, 2, 3]
+    with_zero = torch.tensor([[0.5, 0.0, 0.5]]).log()
+    assert sample_tokens(with_zero, torch.tensor([0.5])).tolist() == [2]
+    # u just under 1 (u * total may round up to the total): still a token of positive probability
+    assert sample_tokens(torch.tensor([[0.5, 0.5, 0.0]]).log(), torch.tensor([1 - 2 ** -24])).tolist() == [1]
+
+
+def test_inverse_cdf_top_p_by_hand_and_against_transformers():
+    """top_p=0.6 over p = (0.2, 0.4, 0.1, 0.3): keep the tokens whose strictly-more-probable mass is below 0.6 (0.4
+    and 0.3), renormalised to (4/7, 3/7): u=0.5 -> 0.35 of 0.7 -> token 1; u=0.9 -> token 3. On random logits the
+    kept set is exactly the one transformers' TopPLogitsWarper leaves finite."""
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    from wfc.engines.hf import sample_tokens
+
+    logp = torch.tensor([[0.2, 0.4, 0.1, 0.3]]).log().expand(2, 4)
+    assert sample_tokens(logp, torch.tensor([0.5, 0.9]), top_p=0.6).tolist() == [1, 3]
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 50, generator=gen) * 3
+    logp = torch.log_softmax(logits, -1)
+    kept_hf = torch.isfinite(TopPLogitsWarper(0.8)(None, logits.clone()))
+    draws = torch.stack([sample_tokens(logp, torch.rand(64, generator=gen), top_p=0.8) for _ in range(200)], 1)
+    for row in range(64):
+        assert set(draws[row].tolist()) <= set(kept_hf[row].nonzero().squeeze(1).tolist())
+
+
+def test_inverse_cdf_sampling_draws_the_distribution():
+    """20,000 draws from p = (0.5, 0.3, 0.15, 0.05): each frequency within 4 standard errors of p."""
+    from wfc.engines.hf import sample_tokens
+
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    n = 20_000
+    draws = sample_tokens(p.log().expand(n, 4), torch.rand(n, generator=torch.Generator().manual_seed(1)))
+    freq = torch.bincount(draws, minlength=4).float() / n
+    assert torch.all((freq - p).abs() <= 4 * (p * (1 - p) / n).sqrt())
+
+
+def test_sampled_generation_is_seeded_and_varied(tiny_engine):
+    """Sampled rows draw from torch's global generator: the same seed gives the same tokens, identical requests in
+    one batch get their own draws, and every recorded log-prob is that of a token of positive probability."""
+    hot = request(sampling=SamplingParams(temperature=1.5, max_tokens=6))
+    torch.manual_seed(3)
+    first = tiny_engine._generate_batch([hot] * 8, hot.sampling)
+    torch.manual_seed(3)
+    again = tiny_engine._generate_batch([hot] * 8, hot.sampling)
+    assert [g.completion_ids for g in first] == [g.completion_ids for g in again]
+    assert len({tuple(g.completion_ids) for g in first}) > 1
+    assert all(lp > float("-inf") for g in first for lp in g.logprobs)

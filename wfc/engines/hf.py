@@ -11,6 +11,12 @@ a half-updated model. Inputs go to the policy's device.
 
 Log-probs are recorded while sampling (a logits processor that sees the raw logits before any warper), under the
 temperature-scaled distribution (T=1 for greedy requests). No full (B, T, V) logits tensor is ever kept.
+
+Sampling is done by that same processor, by inverse CDF (:func:`sample_tokens`: one uniform number per row from
+torch's global generator, a cumulative sum, a binary search), and ``generate`` then runs greedy over its one-hot
+scores. The distribution is exactly the one ``generate``'s own sampler would draw from (softmax of the logits at the
+temperature, top-p applied the same way), but ``torch.multinomial`` over a 49k vocabulary draws one exponential per
+vocabulary entry: measured on the 2-core CPU, that was 13% of a 96-row sampled batch of SmolLM2-135M.
 """
 
 from __future__ import annotations
@@ -28,11 +34,34 @@ from wfc.policy import Policy
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed batch
 
 
-class _LogprobRecorder:
-    """Logits processor that records log p(token) of each sampled token, one (B,) tensor per step."""
+def sample_tokens(logprobs: torch.Tensor, uniform: torch.Tensor, *, top_p: float = 1.0) -> torch.Tensor:
+    """One token per row of ``logprobs`` (B, V; log of a distribution per row), drawn by inverse CDF with
+    ``uniform`` (B,) numbers in [0, 1): row b's token is the first index whose cumulative probability exceeds
+    ``uniform[b]`` times the row's total, so token v is drawn with probability p_v exactly (float rounding aside).
+    ``top_p < 1`` keeps, as transformers' top-p warper does, the tokens whose strictly-more-probable mass is below
+    ``top_p`` (at least the most probable one), renormalised. A token of probability 0 is never returned."""
+    probs = logprobs.float().exp()
+    order = None
+    if top_p < 1.0:
+        probs, order = probs.sort(dim=-1, descending=True)
+        probs = probs.masked_fill(probs.cumsum(-1) - probs >= top_p, 0.0)
+    cdf = probs.cumsum(-1)
+    target = (uniform.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
+    pos = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[1] - 1)
+    # u * total rounding up to the total lands past the last positive entry: take the most probable token then
+    pos = torch.where(probs.gather(1, pos) > 0, pos, probs.argmax(-1, keepdim=True))
+    return (order.gather(1, pos) if order is not None else pos).squeeze(1)
 
-    def __init__(self, temperature: float):
+
+class _LogprobRecorder:
+    """Logits processor that records log p(token) of each generated token, one (B,) tensor per step; with
+    ``sample``, it also draws each row's token (:func:`sample_tokens`) and returns scores whose argmax is that
+    token, so ``generate`` runs greedy."""
+
+    def __init__(self, temperature: float, *, sample: bool = False, top_p: float = 1.0):
         self.temperature = temperature if temperature > 0 else 1.0
+        self.sample = sample
+        self.top_p = top_p
         self.prev: torch.Tensor | None = None  # (B, V) log-probs of the step whose token is not yet known
         self.steps: list[torch.Tensor] = []
 
@@ -40,7 +69,10 @@ class _LogprobRecorder:
         if self.prev is not None:
             self.steps.append(self.prev.gather(1, input_ids[:, -1:]).squeeze(1))
         self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        return scores
+        if not self.sample:
+            return scores
+        tokens = sample_tokens(self.prev, torch.rand(scores.shape[0]).to(scores.device), top_p=self.top_p)
+        return torch.full_like(scores, float("-inf")).scatter_(1, tokens.unsqueeze(1), 0.0)
 
     def finish(self, sequences: torch.Tensor) -> torch.Tensor:
         if self.prev is not None:
@@ -196,19 +228,18 @@ class HFEngine(BatchingEngine):
         tok = self.tokenizer
         input_ids, attention_mask, shared = self._layout(prompt_ids)
         stop = tuple(sampling.stop) + self.default_stop
-        recorder = _LogprobRecorder(sampling.temperature)
+        # the recorder draws sampled rows' tokens itself (from the full distribution the recorded log-probs
+        # describe, top-p aside): generate only ever runs greedy, with no warpers of its own
+        recorder = _LogprobRecorder(sampling.temperature, sample=not sampling.greedy, top_p=sampling.top_p)
         kwargs: dict[str, Any] = dict(
             max_new_tokens=sampling.max_tokens,
-            do_sample=not sampling.greedy,
+            do_sample=False,
             pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id,
             logits_processor=[recorder],
             num_beams=1,
+            temperature=None, top_p=None, top_k=None,
         )
-        if not sampling.greedy:  # top_k=0: sample from the full distribution the recorded log-probs describe
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
         if stop:
             kwargs.update(stop_strings=list(stop), tokenizer=tok)
         device = self.policy.device
