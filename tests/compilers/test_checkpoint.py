@@ -165,7 +165,7 @@ def test_corrupted_checkpoint_is_detected(trained, run_copy, damage, message):
         (cdir / "checkpoint.json").write_text(text[: len(text) // 2])
     elif damage == "edit json":
         data = json.loads((cdir / "checkpoint.json").read_text())
-        data["loop"]["best_val"] = 1.0
+        data["loop"]["best_val"] = -12.5  # no accuracy: a value the run cannot have written
         (cdir / "checkpoint.json").write_text(json.dumps(data))
     else:
         shutil.rmtree(cdir)

@@ -69,8 +69,9 @@ def test_bootstrap_demos_come_from_passing_runs_per_role(engine):
 
 
 def test_prompt_then_weights_saves_demos_in_the_artifact(engine, tmp_path):
+    # every training question, greedy + 2 sampled runs each: 36 runs per role, about a quarter of which pass
     compiled = MMGRPO(length_metric, **tiny_config(steps=1, strategy="p -> w", demos_per_role=1,
-                                                   bootstrap_examples=6)).compile(
+                                                   bootstrap_examples=len(TRAIN), bootstrap_repeats=3)).compile(
         Voting(SIG, n=2), trainset=TRAIN, valset=TRAIN[:2], engine=engine, run_dir=tmp_path / "run", progress=False)
     demos = {role: len(p.demos) for role, p in compiled.program.named_predictors()}
     assert sum(demos.values()) >= 1, "length_metric passes some runs of the tiny model: demos are found"
