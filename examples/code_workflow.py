@@ -1,13 +1,14 @@
 """A code workflow compiled end to end: EvalOpt (writer -> reviewer -> fixer) on generated function-writing tasks.
 
 Each rollout's code runs against the task's tests in the sandbox (``wfc.tasks.sandbox``). Trains with a named recipe
-(``compilers/recipes.py``; default the demo's ``weights-only``: verified credit, so the reviewer is scored on whether
-its verdict matches the tests, keep-best validation) with ``--max-tokens`` per call instead of the recipe's (code
-needs more than a number), then prints pass@1 before and after on the held-out tasks with the paired difference and
-its 95% interval. SmolLM2-135M rarely writes passing code, so expect small numbers; the script is the template for a
-larger model (``--model /path/to/hf-model``).
+(``compilers/recipes.py``; default the demo's ``fast``: verified credit, so the reviewer is scored on whether its
+verdict matches the tests, dynamic sampling, keep-best validation) with ``--max-tokens`` per call instead of the
+recipe's (code needs more than a number), then prints pass@1 before and after on the held-out tasks with the paired
+difference and its 95% interval. Measured on the 2-core CPU (README, "Example workflows"): 5 steps, 48 tasks,
+0.542 -> 0.562, paired +0.021 [-0.116, +0.158], 47 min: inside noise at this budget. The script is the template for
+a larger model (``--model /path/to/hf-model``).
 
-    python examples/code_workflow.py --steps 4
+    python examples/code_workflow.py --steps 5 --n-test 48
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ logging.getLogger("dspy").setLevel(logging.ERROR)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--recipe", default="weights-only")
+    ap.add_argument("--recipe", default="fast")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--examples-per-step", type=int, default=None, help="default: the recipe's")
     ap.add_argument("--group-size", type=int, default=None, help="default: the recipe's")
