@@ -3,7 +3,8 @@ own (``softmax`` + ``torch.multinomial``), one decode step at the demo's shape (
 then a whole sampled batch of the demo through the engine for scale.
 
 Both samplers draw from the same distribution (softmax of the logits at T), each timed on top of the log-softmax the
-engine's recorder computes anyway; runs alternate, and the figure is the median over ``--repeats`` of each. The batch is 4 demo questions x 24 rows (8 rollouts x 3 voters), T=0.7, 12 tokens.
+engine's recorder computes anyway; runs alternate, and the figure is the median over ``--repeats`` of each. The
+batch is 4 demo questions x 24 rows (8 rollouts x 3 voters), T=0.7, 12 tokens.
 
     python benchmarks/bench_sampling.py --model smollm2-135m
 """
