@@ -101,3 +101,21 @@ def test_rollout_token_budget_stops_training(engine, tmp_path):
     steps = steps_of(compiled)
     assert len(steps) == 1 and steps[0]["drawing"]["completion_tokens_total"] >= 1
     assert compiled.manifest.revision_step == 1 and 1 in compiled.revisions
+
+
+def test_curriculum_key_opens_the_pool_easiest_first(engine, tmp_path):
+    # the second half of TRAIN is marked hard: at step 0 only the easy half (6 of 12) is open, all of it by step 2
+    train = [ex.copy(difficulty=int(i >= 6)).with_inputs("question") for i, ex in enumerate(TRAIN)]
+    compiled = MMGRPO(length_metric, **tiny_config(
+        steps=3, curriculum_key="difficulty", curriculum_steps=2, curriculum_start=0.5)).compile(
+        Voting(SIG, n=2), trainset=train, engine=engine, run_dir=tmp_path / "c", progress=False)
+    opened = [r["drawing"]["sampler"]["open"] for r in steps_of(compiled)]
+    assert opened == sorted(opened) and opened[0] < 12 and opened[-1] == 12, opened
+
+
+def test_curriculum_key_missing_from_an_example_is_refused(engine, tmp_path):
+    import pytest
+
+    with pytest.raises(ValueError, match="curriculum_key='difficulty'"):
+        MMGRPO(length_metric, **tiny_config(steps=1, curriculum_key="difficulty", curriculum_steps=2)).compile(
+            Voting(SIG, n=2), trainset=TRAIN, engine=engine, run_dir=tmp_path / "d", progress=False)
