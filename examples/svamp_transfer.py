@@ -1,4 +1,5 @@
-"""The transfer recipe (about half an hour on the 2-core CPU): compile the demo's Voting program on generated problems, then measure it on SVAMP.
+"""The transfer recipe: compile the demo's Voting program on generated problems, then measure it on SVAMP
+(about half an hour on the 2-core CPU).
 
 SVAMP is evaluation only: training and keep-best validation use generated problems (``wfc.tasks.arithmetic``), never
 SVAMP. The training pool is the demo's problems (one +/- step, operands up to 20) followed by harder ones (one step
