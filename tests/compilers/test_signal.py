@@ -4,6 +4,7 @@ normalisation, verified credit and bootstrapped demos (BetterTogether), each vis
 import json
 
 import dspy
+import pytest
 
 import wfc
 from compilers import MMGRPO
@@ -114,8 +115,6 @@ def test_curriculum_key_opens_the_pool_easiest_first(engine, tmp_path):
 
 
 def test_curriculum_key_missing_from_an_example_is_refused(engine, tmp_path):
-    import pytest
-
     with pytest.raises(ValueError, match="curriculum_key='difficulty'"):
         MMGRPO(length_metric, **tiny_config(steps=1, curriculum_key="difficulty", curriculum_steps=2)).compile(
             Voting(SIG, n=2), trainset=TRAIN, engine=engine, run_dir=tmp_path / "d", progress=False)
