@@ -86,6 +86,12 @@ class MMGRPOConfig(BaseModel):
                                "(and a resumed one) draws the same tokens however loaded the machine is")
     # update
     learning_rate: float = Field(2e-4, gt=0.0)
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="shape of the learning rate over the steps (compilers.schedule): decays from the "
+                                "base rate after warm-up to min_lr_ratio x base at the last step")
+    warmup_steps: int = Field(0, ge=0, description="steps ramping the rate linearly up to the base rate")
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="the decayed rate at the last step, as a share of "
+                                                               "the base rate")
     inner_epochs: int = Field(1, ge=1)
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0)
     clip_eps_high: float | None = Field(None, gt=0.0)

@@ -15,6 +15,10 @@ Where the policy lives: ``device`` (``auto``: CUDA when available; bf16 autocast
 Validation runs before training, every ``eval_every`` steps and at the end; every evaluated revision is kept, and the
 artifact holds the best one (or the last, on request).
 
+Learning rate: each adapter's base rate (``learning_rate``, ``role_learning_rates``) times the step's multiplier from
+``lr_schedule`` / ``warmup_steps`` / ``min_lr_ratio`` (``compilers.schedule``), logged per step as ``lr_multiplier``
+and ``learning_rates``.
+
 Backends map roles to adapters (``backends.resolve_backend``): ``shared`` (one adapter for all roles), ``isolated``
 (one per role), a dict partition, or ``auto`` (``compilers.auto.plan``: traced before training, with reasons).
 
@@ -70,6 +74,7 @@ from compilers.credit import get_credit
 from compilers.distributed import Distributed, SingleProcess, from_env
 from compilers.prompts import apply_demos, bootstrap_demos
 from compilers.sampling import PromptSampler, signal_examples
+from compilers.schedule import lr_multiplier
 from compilers.score import mean_interval, score_rollout
 from compilers.offpolicy import merge_mismatch
 from compilers.update import AdapterOptimizers, adapter_parameters, update
@@ -453,6 +458,9 @@ class MMGRPO:
                 if scales.get(g.role, 1.0) != 1.0:
                     g.advantages = [a * scales[g.role] for a in g.advantages]
             t1 = time.time()
+            lr_mult = lr_multiplier(step, steps, schedule=cfg.lr_schedule, warmup=cfg.warmup_steps,
+                                    min_ratio=cfg.min_lr_ratio)
+            optimizers.apply_schedule(lr_mult)
             weights = fanout_weights(groups) if cfg.fanout_scaling else {}
             upd = update(policy, optimizers, groups, role_adapters, config=cfg, weights=weights,
                          distributed=distributed)
@@ -470,6 +478,8 @@ class MMGRPO:
                 "rollouts": len(graphs),
                 "drawing": drawing,
                 "role_advantage_scales": scales,
+                "lr_multiplier": round(lr_mult, 6),
+                "learning_rates": {a: optimizers.lr(a) for a in plan.adapters},
                 "crashes": sum(g.status == "crash" for g in graphs),
                 "format_errors": sum(c.status == "format_error" for g in graphs for c in g.calls),
                 "format_error_rate": (sum(c.status == "format_error" for g in graphs for c in g.calls)

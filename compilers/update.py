@@ -104,13 +104,29 @@ class AdapterOptimizers:
         for a in adapters:
             rate = lr[a] if isinstance(lr, dict) else lr
             self.optimizers[a] = torch.optim.AdamW(adapter_parameters(model, a), lr=rate, weight_decay=0.0)
+            # the rate before any schedule: kept in the param group so the optimizer's state_dict (a checkpoint)
+            # carries it, cliff rollbacks included
+            for group in self.optimizers[a].param_groups:
+                group["base_lr"] = rate
 
     def lr(self, adapter: str) -> float:
         return self.optimizers[adapter].param_groups[0]["lr"]
 
+    def base_lr(self, adapter: str) -> float:
+        group = self.optimizers[adapter].param_groups[0]
+        return group.get("base_lr", group["lr"])  # a checkpoint from before schedules: its rate is the base
+
     def scale_lr(self, adapter: str, factor: float) -> None:
+        """Scale the base rate (and the current one) by ``factor``: a cliff rollback's lasting cut."""
         for group in self.optimizers[adapter].param_groups:
+            group["base_lr"] = group.get("base_lr", group["lr"]) * factor
             group["lr"] *= factor
+
+    def apply_schedule(self, multiplier: float) -> None:
+        """Set every adapter's rate to its base rate x ``multiplier`` (compilers.schedule)."""
+        for opt in self.optimizers.values():
+            for group in opt.param_groups:
+                group["lr"] = group.get("base_lr", group["lr"]) * multiplier
 
 
 def _pad(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

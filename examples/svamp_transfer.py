@@ -10,7 +10,11 @@ measures it on the first ``--n`` SVAMP problems against the same program uncompi
 
     WFC_DATA_DIR=../shared/data python examples/svamp_transfer.py --steps 24 --n 300 --out artifacts/svamp-voting
 
-Figures and minutes measured on the 2-core CPU: README, "Transfer to SVAMP".
+``--model`` picks the base model (default ``smollm2-135m``; any name ``wfc.models`` knows, e.g. ``tiny`` or a local
+model directory); the measurement loads the same base from the artifact. ``--set key=value`` (repeatable, a JSON
+value) overrides one field of the recipe, e.g. ``--set group_size=2`` for a quick run.
+
+Figures and minutes measured on the 2-core CPU (smollm2-135m): README, "Transfer to SVAMP".
 """
 
 from __future__ import annotations
@@ -50,20 +54,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=300, help="SVAMP problems measured (the first N)")
     p.add_argument("--out", default="artifacts/svamp-voting")
     p.add_argument("--run-dir", default="runs/svamp-transfer")
+    p.add_argument("--model", default="smollm2-135m", help="base model: a wfc.models name or a local model directory")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one recipe field (JSON value), e.g. group_size=2; repeatable")
     args = p.parse_args(argv)
     logging.getLogger("dspy").setLevel(logging.ERROR)
 
     import demo
     import transfer
     from compilers import MMGRPO
+    from gpu_matrix import parse_set
     from wfc.engines.hf import HFEngine
     from wfc.tasks.math import math_metric
 
     trainset, valset = training_task()
     recipe = {**demo.RECIPE, "steps": args.steps, "curriculum_key": "difficulty",
-              "curriculum_steps": args.curriculum_steps, "curriculum_start": 0.5}
+              "curriculum_steps": args.curriculum_steps, "curriculum_start": 0.5, **parse_set(args.set)}
     t0 = time.time()
-    engine = HFEngine("smollm2-135m")
+    engine = HFEngine(args.model)
     try:
         compiled = MMGRPO(math_metric, seed=args.seed, **recipe).compile(
             demo.program(), trainset=trainset, valset=valset, engine=engine, backend="shared",
@@ -75,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.run_dir) / "transfer.json"
     transfer.main([str(path), "--n", str(args.n), "--out", str(out)])
     result = json.loads(out.read_text())
-    result.update(train_seconds=round(train_s, 1), total_seconds=round(time.time() - t0, 1), steps=args.steps,
+    result.update(train_seconds=round(train_s, 1), total_seconds=round(time.time() - t0, 1), steps=recipe["steps"],
                   best_step=compiled.manifest.best_step)
     out.write_text(json.dumps(result, indent=1))
     print(f"trained {train_s / 60:.1f} min, best step {compiled.manifest.best_step}; SVAMP ({result['n']}): "
