@@ -15,7 +15,7 @@ def questions(examples):
 
 
 def test_registry_names():
-    assert set(TASKS) == {"arithmetic", "gsm8k", "svamp", "humaneval", "codegen"}
+    assert set(TASKS) == {"arithmetic", "wordproblems", "gsm8k", "svamp", "humaneval", "codegen"}
     with pytest.raises(TypeError):
         TASKS["mine"] = lambda: None  # read-only: no global mutable state
 

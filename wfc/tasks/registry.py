@@ -7,6 +7,8 @@ asked for.
 Built-ins (keyword arguments of each builder in brackets):
 
 - ``arithmetic`` (default): generated word problems [n_train, n_val, n_test, seed, steps, max_operand, ops].
+- ``wordproblems``: generated SVAMP-style one- and two-step word problems (38 template kinds, distractors, a
+  ``difficulty`` label) to train on for SVAMP transfer [n_train, n_val, n_test, seed, max_operand].
 - ``gsm8k``: GSM8K; the validation split is a seeded sample of the train file, disjoint from the rest of train
   [n_train, n_val, n_test, seed, path].
 - ``svamp``: SVAMP, **evaluation only**: ``testset`` holds all problems, ``valset`` is None, ``trainset`` raises
@@ -35,6 +37,7 @@ from wfc.tasks.humaneval import load_humaneval
 from wfc.tasks.math import math_metric
 from wfc.tasks.math_data import load_gsm8k, load_svamp
 from wfc.tasks.signatures import SolveMath, WriteCode
+from wfc.tasks.wordproblems import make_wordproblems
 
 DEFAULT_TASK = "arithmetic"
 
@@ -124,6 +127,17 @@ def arithmetic(*, n_train: int = 200, n_val: int = 50, n_test: int = 200, seed: 
     return Task("arithmetic", SolveMath, math_metric, valset=val, testset=test, train_examples=train)
 
 
+def wordproblems(*, n_train: int = 400, n_val: int = 100, n_test: int = 200, seed: int = 0,
+                 max_operand: int = 50) -> Task:
+    """Generated SVAMP-style word problems (:mod:`wfc.tasks.wordproblems`), for training that transfers to SVAMP."""
+    sizes = [n_train, n_val, n_test]
+    for name, value in zip(("n_train", "n_val", "n_test"), sizes):
+        _check_size(name, value, allow_none=False)
+    pool = make_wordproblems(sum(sizes), seed=seed, max_operand=max_operand)  # already distinct questions
+    train, val, test = unique_splits(pool, sizes, key="question")
+    return Task("wordproblems", SolveMath, math_metric, valset=val, testset=test, train_examples=train)
+
+
 def gsm8k(*, n_train: int | None = None, n_val: int = 200, n_test: int | None = None, seed: int = 0,
           path=None) -> Task:
     """GSM8K: ``n_val`` problems sampled (seeded) from the train file for validation, the rest for training."""
@@ -165,6 +179,7 @@ def codegen(*, n_train: int = 200, n_val: int = 50, n_test: int = 100, seed: int
 
 TASKS: Mapping[str, Callable[..., Task]] = MappingProxyType({
     "arithmetic": arithmetic,
+    "wordproblems": wordproblems,
     "gsm8k": gsm8k,
     "svamp": svamp,
     "humaneval": humaneval,
