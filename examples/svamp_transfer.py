@@ -1,9 +1,10 @@
 """The transfer recipe: compile the demo's Voting program on generated problems, then measure it on SVAMP
 (about half an hour on the 2-core CPU).
 
-SVAMP is evaluation only: training and keep-best validation use generated problems (``wfc.tasks.arithmetic``), never
-SVAMP. The training pool is the demo's problems (one +/- step, operands up to 20) followed by harder ones (one step
-of + - x /, operands up to 100), and the curriculum (``curriculum_key="difficulty"``) opens the easy half first and the
+SVAMP is evaluation only: training and keep-best validation use generated problems (``wfc.tasks.arithmetic``,
+``wfc.tasks.wordproblems``), never SVAMP. The training pool is the demo's problems (one +/- step, operands up to 20)
+followed by harder ones: ``--pool arithmetic`` (one step of + - x /, operands up to 100) or ``--pool stories``
+(600 generated SVAMP-style stories: changes, comparisons, groups, prices, distractors, two steps), and the curriculum (``curriculum_key="difficulty"``) opens the easy half first and the
 whole pool by step ``--curriculum-steps``; validation is 100 of the harder problems. Everything else is the demo's
 recipe ``fast`` (``compilers/recipes.py``). After training the artifact is saved and ``benchmarks/transfer.py``
 measures it on the first ``--n`` SVAMP problems against the same program uncompiled (paired difference, 95% CI).
@@ -32,17 +33,37 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def training_task(seed: int = 2):
-    """(trainset, valset): the demo's easy problems (difficulty 0) then harder four-operation ones (difficulty 1)."""
-    import demo
+def _harder(name: str, seed: int):
+    """The harder half of a training pool: (trainset, valset, difficulty of each training example)."""
     from wfc.tasks import get_task
 
+    if name == "arithmetic":  # one step of + - x /, operands up to 100
+        hard = get_task("arithmetic", n_train=400, n_val=100, n_test=1, seed=seed, steps=1, max_operand=100,
+                        ops="+-*/")
+        return hard.trainset, hard.valset, [1] * len(hard.trainset)
+    # stories: SVAMP-like wording (wfc.tasks.wordproblems), its own difficulty 0-2 shifted past the demo's problems
+    hard = get_task("wordproblems", n_train=600, n_val=100, n_test=1, seed=seed)
+    return hard.trainset, hard.valset, [1 + ex.difficulty for ex in hard.trainset]
+
+
+TRAINING_POOLS = ("arithmetic", "stories")
+
+
+def training_task(seed: int = 2, pool: str = "arithmetic"):
+    """(trainset, valset): the demo's easy problems (difficulty 0), then the harder ``pool`` (``arithmetic``:
+    four-operation problems, difficulty 1; ``stories``: generated SVAMP-style stories, difficulty 1-3). Validation
+    is 100 of the harder problems."""
+    import demo
+
+    if pool not in TRAINING_POOLS:
+        raise ValueError(f"training pool {pool!r} is unknown: use one of {TRAINING_POOLS}")
     easy = demo.demo_task().trainset
-    hard = get_task("arithmetic", n_train=400, n_val=100, n_test=1, seed=seed, steps=1, max_operand=100, ops="+-*/")
+    hard_train, hard_val, levels = _harder(pool, seed)
     seen = {ex.question for ex in easy}
     train = [ex.copy(difficulty=0) for ex in easy]
-    train += [ex.copy(difficulty=1) for ex in hard.trainset if ex.question not in seen]
-    val = [ex for ex in hard.valset if ex.question not in seen]
+    ordered = sorted(zip(levels, range(len(hard_train))))  # easiest first, generation order within a level
+    train += [hard_train[i].copy(difficulty=d) for d, i in ordered if hard_train[i].question not in seen]
+    val = [ex for ex in hard_val if ex.question not in seen]
     return [ex.with_inputs("question") for ex in train], val
 
 
@@ -54,6 +75,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=300, help="SVAMP problems measured (the first N)")
     p.add_argument("--out", default="artifacts/svamp-voting")
     p.add_argument("--run-dir", default="runs/svamp-transfer")
+    p.add_argument("--pool", choices=TRAINING_POOLS, default="arithmetic",
+                   help="harder training problems after the demo's: four-operation arithmetic or SVAMP-style stories")
     p.add_argument("--model", default="smollm2-135m", help="base model: a wfc.models name or a local model directory")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one recipe field (JSON value), e.g. group_size=2; repeatable")
@@ -67,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     from wfc.engines.hf import HFEngine
     from wfc.tasks.math import math_metric
 
-    trainset, valset = training_task()
+    trainset, valset = training_task(pool=args.pool)
     recipe = {**demo.RECIPE, "steps": args.steps, "curriculum_key": "difficulty",
               "curriculum_steps": args.curriculum_steps, "curriculum_start": 0.5, **parse_set(args.set)}
     t0 = time.time()

@@ -32,6 +32,20 @@ def test_training_task_is_generated_disjoint_and_ordered_by_difficulty():
     assert len(val) == 100
 
 
+def test_stories_pool_adds_svamp_style_stories_by_difficulty():
+    module = load()
+    train, val = module.training_task(pool="stories")
+    assert {ex.difficulty for ex in train} == {0, 1, 2, 3}
+    assert [ex.difficulty for ex in train] == sorted(ex.difficulty for ex in train)
+    questions = [ex.question for ex in train]
+    assert len(set(questions)) == len(questions) and not {ex.question for ex in val} & set(questions)
+    assert all(set(ex.inputs().keys()) == {"question"} for ex in train + val)
+    assert any("How many more" in q for q in questions) and any("$" in q for q in questions)
+    assert len(val) == 100
+    with pytest.raises(ValueError, match="stories"):
+        module.training_task(pool="svamp")
+
+
 @pytest.fixture
 def svamp_dir() -> Path:
     """WFC_DATA_DIR holding svamp/ (CI points it at ../shared/data); skip cleanly without it, as tests/tasks do."""
