@@ -42,6 +42,9 @@ class MMGRPOConfig(BaseModel):
     format_failure_score: float = Field(-0.5, description="reward of a call whose output failed to parse")
     metric_failure_score: float | None = Field(
         None, description="reward when the metric raises or returns NaN; None makes that an error")
+    overlong_penalty: float = Field(
+        0.0, ge=0.0, description="subtracted from the reward of a call cut at max_tokens (compilers.group): "
+                                 "teaches roles to finish inside the budget")
     credit: str = Field("inherit", description="inherit | own_output | verified (see compilers.credit)")
     # grouping and advantages
     grouping: Literal["truncate", "fill", "ragged"] = "ragged"

@@ -4,6 +4,9 @@ Members of a group come from the ``group_size`` rollouts of one example: the k-t
 Each call inherits its rollout's reward unless a credit rule (``compilers.credit``) gave it its own, except:
 - a call whose output failed to parse scores ``format_failure_score`` (it stays in its group: nothing is dropped);
 - every call of a crashed rollout scores ``failure_score`` (the calls made before the crash are kept);
+- a call cut at its token budget (``finish_reason == "length"``) scores its reward less ``overlong_penalty`` (DAPO's
+  overlong shaping, as a flat penalty: a right answer that ran out of tokens still beats a wrong one, and a finished
+  one beats both; without it a model drifting into restating the question gets its answers cut off);
 - a call credit marked ``no_credit`` (nothing it could have changed, e.g. a selector shown no correct candidate) joins
   no group.
 
@@ -53,8 +56,10 @@ class Group:
         return [m.reward for m in self.members]
 
 
-def call_reward(graph: RolloutGraph, call: CallNode, *, failure_score: float, format_failure_score: float) -> float:
-    """The reward a call inherits from its rollout (see module doc)."""
+def call_reward(graph: RolloutGraph, call: CallNode, *, failure_score: float, format_failure_score: float,
+                overlong_penalty: float = 0.0) -> float:
+    """The reward a call inherits from its rollout (see module doc), less ``overlong_penalty`` when the call was cut
+    at its token budget (``finish_reason == "length"``)."""
     if call.status == "format_error":
         return format_failure_score
     if graph.status == "crash" or call.status == "crash":
@@ -63,7 +68,8 @@ def call_reward(graph: RolloutGraph, call: CallNode, *, failure_score: float, fo
         raise ValueError("rollout is not scored: score every rollout before grouping")
     if graph.status == "format_error":
         return failure_score
-    return call.reward if call.reward is not None else graph.reward
+    reward = call.reward if call.reward is not None else graph.reward
+    return reward - overlong_penalty if call.finish_reason == "length" else reward
 
 
 def _truncate(per_rollout: list[list[Member]]) -> list[list[Member]]:
@@ -101,7 +107,8 @@ GROUPING: dict[str, Callable[[list[list[Member]]], list[list[Member]]]] = {
 
 
 def build_groups(rollouts: Sequence[Sequence[RolloutGraph]], *, mode: str = "ragged", failure_score: float = 0.0,
-                 format_failure_score: float = -0.5, pool_fanout: bool = False) -> list[Group]:
+                 format_failure_score: float = -0.5, pool_fanout: bool = False,
+                 overlong_penalty: float = 0.0) -> list[Group]:
     """Groups for one step. ``rollouts[e]`` are the rollouts of example ``e``; every one must be scored."""
     if mode not in GROUPING:
         raise ValueError(f"grouping mode {mode!r} is unknown: use one of {sorted(GROUPING)}")
@@ -118,7 +125,8 @@ def build_groups(rollouts: Sequence[Sequence[RolloutGraph]], *, mode: str = "rag
                 for c in g.calls_of(role):
                     if c.no_credit and c.status == "ok":
                         continue  # credit left it out (compilers.credit): it joins no group
-                    reward = call_reward(g, c, failure_score=failure_score, format_failure_score=format_failure_score)
+                    reward = call_reward(g, c, failure_score=failure_score, format_failure_score=format_failure_score,
+                                         overlong_penalty=overlong_penalty)
                     if not math.isfinite(reward):
                         raise ValueError(f"non-finite reward {reward} for example {e}, role {role!r}")
                     calls.append(Member(c, reward, i))

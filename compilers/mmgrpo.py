@@ -121,7 +121,8 @@ def evaluate(program: dspy.Module, examples: Sequence, engine, *, metric: Callab
 
 
 def _role_stats(graphs: list[RolloutGraph], groups: list[Group]) -> dict[str, dict[str, float]]:
-    """Per role: calls, tokens, token share, reward mean/spread, no-signal group rate, format-error rate, entropy."""
+    """Per role: calls, tokens, token share, reward mean/spread, no-signal group rate, format-error rate, truncated
+    rate, entropy."""
     out: dict[str, dict[str, float]] = {}
     calls = [c for g in graphs for c in g.calls]
     total_tokens = sum(len(c.completion_ids) for c in calls) or 1
@@ -138,6 +139,8 @@ def _role_stats(graphs: list[RolloutGraph], groups: list[Group]) -> dict[str, di
             "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
             "no_signal_rate": sum(bool(g.no_signal) for g in role_groups) / max(len(role_groups), 1),
             "format_error_rate": sum(c.status == "format_error" for c in mine) / max(len(mine), 1),
+            # calls cut at max_tokens: a rising rate means answers are being cut off (overlong_penalty acts on it)
+            "truncated_rate": sum(c.finish_reason == "length" for c in mine) / max(len(mine), 1),
             # Monte-Carlo estimate of the sampling entropy: mean negative log-prob of the sampled tokens.
             "entropy": -statistics.fmean(sampled) if sampled else 0.0,
         }
@@ -386,7 +389,8 @@ class MMGRPO:
                 rollouts = roll_out(indices)
                 signal = signal_examples(build_groups(rollouts, mode=cfg.grouping, failure_score=cfg.failure_score,
                                                       format_failure_score=cfg.format_failure_score,
-                                                      pool_fanout=cfg.pool_fanout), len(indices))
+                                                      pool_fanout=cfg.pool_fanout,
+                                                      overlong_penalty=cfg.overlong_penalty), len(indices))
                 rewards.extend(g.reward for graphs in rollouts for g in graphs)
                 tokens += sum(len(c.completion_ids) for graphs in rollouts for g in graphs for c in g.calls)
                 for i, graphs, has in zip(indices, rollouts, signal):
@@ -447,7 +451,8 @@ class MMGRPO:
             drawing["completion_tokens_total"] = st.spent
             t_roll = time.time() - t0
             groups = build_groups(rollouts, mode=cfg.grouping, failure_score=cfg.failure_score,
-                                  format_failure_score=cfg.format_failure_score, pool_fanout=cfg.pool_fanout)
+                                  format_failure_score=cfg.format_failure_score, pool_fanout=cfg.pool_fanout,
+                                  overlong_penalty=cfg.overlong_penalty)
             scored = []
             for g in groups:
                 ga = group_advantages(g.rewards, cfg.advantage)

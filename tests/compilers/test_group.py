@@ -130,3 +130,16 @@ def test_pooling_leaves_groups_of_differing_prompts_alone():
                 c.prompt_ids = [c.id, c.invocation, 9]
     plain = [(g.role, g.invocation, g.rewards) for g in build_groups(rollouts)]
     assert [(g.role, g.invocation, g.rewards) for g in build_groups(rollouts, pool_fanout=True)] == plain
+
+
+def test_overlong_penalty_by_hand():
+    # four voters' calls, one group: (right, finished) 1.0; (right, cut) 1 - 0.3; (wrong, cut) 0 - 0.3;
+    # (format error, cut) stays -0.5: a call that broke the format is not also charged for its length
+    calls = [call(0, "voter", 0), call(0, "voter", 0), call(0, "voter", 0), call(0, "voter", 0, status="format_error")]
+    for c, reason in zip(calls, ["stop", "length", "length", "length"]):
+        c.finish_reason = reason
+    rollouts = [rollout([c], r) for c, r in zip(calls, [1.0, 1.0, 0.0, 1.0])]
+    (group,) = build_groups([rollouts], overlong_penalty=0.3)
+    assert group.rewards == pytest.approx([1.0, 0.7, -0.3, -0.5])
+    (plain,) = build_groups([rollouts])  # off by default: the length of a call does not count
+    assert plain.rewards == [1.0, 1.0, 0.0, -0.5]

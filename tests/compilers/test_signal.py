@@ -118,3 +118,30 @@ def test_curriculum_key_missing_from_an_example_is_refused(engine, tmp_path):
     with pytest.raises(ValueError, match="curriculum_key='difficulty'"):
         MMGRPO(length_metric, **tiny_config(steps=1, curriculum_key="difficulty", curriculum_steps=2)).compile(
             Voting(SIG, n=2), trainset=TRAIN, engine=engine, run_dir=tmp_path / "d", progress=False)
+
+
+def test_overlong_penalty_on_tiny_rollouts_charges_exactly_the_cut_calls(engine, tmp_path):
+    from compilers.group import build_groups
+    from compilers.score import score_rollout
+    from wfc.engines.base import SamplingParams
+    from wfc.lower import run_rollouts
+
+    # 3 new tokens: the random model rarely stops that soon, so most calls are cut; some may end on EOS
+    rollouts = run_rollouts(Voting(SIG, n=2), TRAIN[:2], engine, repeats=3,
+                            sampling=SamplingParams(temperature=1.0, max_tokens=3))
+    for graphs in rollouts:
+        for g in graphs:
+            score_rollout(length_metric, g, failure_score=0.0, metric_failure_score=0.0)
+    plain = build_groups(rollouts)
+    charged = build_groups(rollouts, overlong_penalty=0.25)
+    cut = 0
+    for p, c in zip(plain, charged):
+        for mp, mc in zip(p.members, c.members):
+            expected = 0.25 if mp.call.finish_reason == "length" and mp.call.status == "ok" else 0.0
+            cut += expected > 0
+            assert mp.reward - mc.reward == pytest.approx(expected)
+    assert cut > 0, "3-token budget: the tiny model's calls are cut"
+    compiled = MMGRPO(length_metric, **tiny_config(steps=1, max_tokens=3, overlong_penalty=0.25)).compile(
+        Voting(SIG, n=2), trainset=TRAIN, engine=engine, run_dir=tmp_path / "run", progress=False)
+    stats = steps_of(compiled)[0]["roles"]["voter"]
+    assert 0.0 < stats["truncated_rate"] <= 1.0
