@@ -23,3 +23,10 @@ def test_get_recipe_returns_a_copy_and_names_the_known_ones():
     assert "steps" not in RECIPES["fast"]
     with pytest.raises(ValueError, match="fast"):
         get_recipe("nope")
+
+
+def test_concise_is_fast_with_an_overlong_penalty_and_denser_validation():
+    concise, fast = get_recipe("concise"), get_recipe("fast")
+    assert concise.pop("overlong_penalty") == 0.2 and concise.pop("eval_every") == 2
+    fast.pop("eval_every")
+    assert concise == fast
