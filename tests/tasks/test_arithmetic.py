@@ -8,6 +8,7 @@ import re
 import pytest
 
 from wfc.tasks.arithmetic import make_arithmetic
+from wfc.tasks.wordproblems import make_wordproblems
 from wfc.tasks.math import extract_number
 
 WORD_TO_FACTOR = {"doubles": 2, "triples": 3}
@@ -61,14 +62,15 @@ def test_deterministic_prefix_stable_and_seeded():
     assert a != [(e.question, e.answer) for e in make_arithmetic(20, seed=4, steps=2)]
 
 
-def test_global_rng_is_neither_used_nor_disturbed():
+@pytest.mark.parametrize("make", [make_arithmetic, make_wordproblems])
+def test_global_rng_is_neither_used_nor_disturbed(make):
     random.seed(123)
     expected_next = random.random()
     random.seed(123)
-    first = make_arithmetic(5, seed=0)
+    first = make(5, seed=0)
     assert random.random() == expected_next
     random.seed(999)
-    assert [e.question for e in make_arithmetic(5, seed=0)] == [e.question for e in first]
+    assert [e.question for e in make(5, seed=0)] == [e.question for e in first]
 
 
 @pytest.mark.parametrize("kwargs,match", [
