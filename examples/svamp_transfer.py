@@ -4,8 +4,9 @@
 SVAMP is evaluation only: training and keep-best validation use generated problems (``wfc.tasks.arithmetic``,
 ``wfc.tasks.wordproblems``), never SVAMP. The training pool is the demo's problems (one +/- step, operands up to 20)
 followed by harder ones: ``--pool arithmetic`` (one step of + - x /, operands up to 100) or ``--pool stories``
-(600 generated SVAMP-style stories: changes, comparisons, groups, prices, distractors, two steps), and the curriculum (``curriculum_key="difficulty"``) opens the easy half first and the
-whole pool by step ``--curriculum-steps``; validation is 100 of the harder problems. Everything else is the demo's
+(600 generated SVAMP-style stories: changes, comparisons, groups, prices, distractors, two steps), and the
+curriculum (``curriculum_key="difficulty"``) opens the easy half first and the whole pool by step
+``--curriculum-steps``; validation is 100 of the harder problems. Everything else is the demo's
 recipe ``fast`` (``compilers/recipes.py``). After training the artifact is saved and ``benchmarks/transfer.py``
 measures it on the first ``--n`` SVAMP problems against the same program uncompiled (paired difference, 95% CI).
 
@@ -33,20 +34,24 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def _harder(name: str, seed: int):
-    """The harder half of a training pool: (trainset, valset, difficulty of each training example)."""
+def _arithmetic_pool(seed: int):
+    """One step of + - x /, operands up to 100, all at difficulty 1."""
     from wfc.tasks import get_task
 
-    if name == "arithmetic":  # one step of + - x /, operands up to 100
-        hard = get_task("arithmetic", n_train=400, n_val=100, n_test=1, seed=seed, steps=1, max_operand=100,
-                        ops="+-*/")
-        return hard.trainset, hard.valset, [1] * len(hard.trainset)
-    # stories: SVAMP-like wording (wfc.tasks.wordproblems), its own difficulty 0-2 shifted past the demo's problems
+    hard = get_task("arithmetic", n_train=400, n_val=100, n_test=1, seed=seed, steps=1, max_operand=100, ops="+-*/")
+    return hard.trainset, hard.valset, [1] * len(hard.trainset)
+
+
+def _stories_pool(seed: int):
+    """SVAMP-like wording (wfc.tasks.wordproblems); its own difficulty 0-2 shifted past the demo's problems."""
+    from wfc.tasks import get_task
+
     hard = get_task("wordproblems", n_train=600, n_val=100, n_test=1, seed=seed)
     return hard.trainset, hard.valset, [1 + ex.difficulty for ex in hard.trainset]
 
 
-TRAINING_POOLS = ("arithmetic", "stories")
+# pool name -> the harder half of the training pool: (trainset, valset, difficulty of each training example)
+TRAINING_POOLS = {"arithmetic": _arithmetic_pool, "stories": _stories_pool}
 
 
 def training_task(seed: int = 2, pool: str = "arithmetic"):
@@ -56,9 +61,9 @@ def training_task(seed: int = 2, pool: str = "arithmetic"):
     import demo
 
     if pool not in TRAINING_POOLS:
-        raise ValueError(f"training pool {pool!r} is unknown: use one of {TRAINING_POOLS}")
+        raise ValueError(f"training pool {pool!r} is unknown: use one of {sorted(TRAINING_POOLS)}")
     easy = demo.demo_task().trainset
-    hard_train, hard_val, levels = _harder(pool, seed)
+    hard_train, hard_val, levels = TRAINING_POOLS[pool](seed)
     seen = {ex.question for ex in easy}
     train = [ex.copy(difficulty=0) for ex in easy]
     ordered = sorted(zip(levels, range(len(hard_train))))  # easiest first, generation order within a level
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=300, help="SVAMP problems measured (the first N)")
     p.add_argument("--out", default="artifacts/svamp-voting")
     p.add_argument("--run-dir", default="runs/svamp-transfer")
-    p.add_argument("--pool", choices=TRAINING_POOLS, default="arithmetic",
+    p.add_argument("--pool", choices=sorted(TRAINING_POOLS), default="arithmetic",
                    help="harder training problems after the demo's: four-operation arithmetic or SVAMP-style stories")
     p.add_argument("--model", default="smollm2-135m", help="base model: a wfc.models name or a local model directory")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

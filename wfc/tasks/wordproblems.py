@@ -418,7 +418,8 @@ def _distractor_decrease(c: _Ctx):
     d, b = c.r(2, c.M), c.r(2, a - 1)
     p, x, y = c.a, c.x, c.y
     body, question = c.pick([
-        ([f"{p.name} had {a} {x} and {d} {y}.", f"{p.Subj} gave away {b} {x}."], f"How many {x} does {p.subj} have now?"),
+        ([f"{p.name} had {a} {x} and {d} {y}.", f"{p.Subj} gave away {b} {x}."],
+         f"How many {x} does {p.subj} have now?"),
         ([f"A shop had {a} {x} and {d} {y}.", f"{p.name} bought {b} {x} from the shop."],
          f"How many {x} does the shop have left?"),
     ])
