@@ -188,8 +188,10 @@ class MMGRPO:
 
         ``policy`` (a :class:`wfc.policy.Policy`) holds the trained weights; ``engine`` (an engine, or a name:
         ``"hf"``, ``"vllm"``, ``"vllm-server"``) runs the rollouts. Neither given: a policy on ``model`` (on the
-        config's ``device``/``dtype``) and a colocated HF engine on it. An ``HFEngine`` alone: its own policy. Another
-        engine alone: a policy on the engine's base (its loaded handle where it has one).
+        config's ``device``/``dtype``) and a colocated HF engine on it. An ``HFEngine`` alone: its own policy, unless
+        its weights are in another dtype than the config's (``HFEngine(m, dtype="bfloat16")``, a bf16 rollout engine):
+        then a policy of its own on the same base, in the config's dtype. Another engine alone: a policy on the
+        engine's base (its loaded handle where it has one).
 
         ``resume=RUN_DIR`` (or ``resume=True`` with ``run_dir``) continues a killed compile from the checkpoint in
         that run directory; pass the same arguments otherwise (``steps`` may change).
@@ -566,7 +568,11 @@ def _policy_and_engine(engine, policy: Policy | None, model: str, cfg: MMGRPOCon
     from wfc.models import ModelHandle
 
     if policy is None and isinstance(engine, HFEngine):
-        policy = engine.policy
+        if engine.policy.dtype == getattr(torch, cfg.dtype):
+            policy = engine.policy
+        else:  # a rollout engine in another dtype (bf16): train a policy of its own, in the config's dtype
+            policy = Policy(engine.handle.name, device=cfg.device, dtype=cfg.dtype,
+                            gradient_checkpointing=cfg.gradient_checkpointing)
     if policy is None:
         handle = getattr(engine, "handle", None)
         base = handle if isinstance(handle, ModelHandle) else model

@@ -9,7 +9,8 @@ and answers one question.
 Figures and minutes measured on the 2-core CPU: README, "The demo's figures, per seed".
 
 Environment: WFC_DEMO_SEED (default 0: training seed), WFC_DEMO_STEPS (default 10), WFC_DEMO_OUT (artifact dir),
-WFC_DEMO_RECIPE (default fast), WFC_DEMO_BACKEND (default shared: one LoRA for both roles; isolated: one each).
+WFC_DEMO_RECIPE (default fast), WFC_DEMO_BACKEND (default shared: one LoRA for both roles; isolated: one each),
+WFC_DEMO_ROLLOUT_DTYPE (default float32: one colocated model; bfloat16: a bf16 rollout engine beside the policy).
 """
 
 from __future__ import annotations
@@ -57,7 +58,11 @@ def main() -> None:
     backend = os.environ.get("WFC_DEMO_BACKEND", "shared")
     task = demo_task()
     t0 = time.time()
-    engine = HFEngine("smollm2-135m")
+    dtype = os.environ.get("WFC_DEMO_ROLLOUT_DTYPE", "float32")
+    # bfloat16: rollouts and evaluations on a bf16 copy of the model; compile then trains an fp32 policy of its own
+    # and hands it every update's adapter (wfc/engines/hf.py). Faster, but it gained less on the demo's seeds (README,
+    # "bf16 rollouts").
+    engine = HFEngine("smollm2-135m", dtype=dtype)
     prog = program()
     base = evaluate(prog, task.testset, engine, metric=math_metric, adapters={}, max_tokens=RECIPE["max_tokens"],
                     progress="baseline")
@@ -81,7 +86,7 @@ def main() -> None:
     print(f"artifact: {path}\nQ: {question}\nA: {loaded(question=question).answer}  (expected {task.testset[0].answer})")
     total = time.time() - t0
     print(f"total time {total:.0f}s")
-    summary = {"seed": seed, "steps": steps, "backend": backend,
+    summary = {"seed": seed, "steps": steps, "backend": backend, "rollout_dtype": dtype,
                "recipe": RECIPE_NAME,
                "baseline": base["accuracy"], "baseline_interval": base["interval"],
                "compiled": after["accuracy"], "compiled_interval": after["interval"], "gain": gain,

@@ -160,6 +160,10 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
                    help="shared | isolated | auto | JSON dict role -> adapter group [shared]")
     _engine_args(p, help="rollout engine: hf, vllm (the vllm extra; adapter-only hand-off each step), or "
                          "vllm-server (running vLLM servers: --server / --launch-servers) [hf]")
+    p.add_argument("--engine-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="hf engine: the dtype of the rollout engine's weights; bfloat16 generates on a copy of its "
+                        "own (about 1.4x faster on CPUs with AVX-512 BF16) while the policy trains in float32 "
+                        "[float32]")
     p.add_argument("--out", required=True, help="artifact directory to write")
     p.add_argument("--run-dir", default=None, help="where metrics.jsonl, curves and checkpoints go [runs/<time>]")
     p.add_argument("--resume", metavar="RUN_DIR", default=None,
@@ -274,7 +278,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
         load_checkpoint(args.resume)
     # hf: compile builds the policy (on --device) and a colocated engine on it; others: their own copy of the base
     engine_kwargs = _engine_kwargs(args)  # checks the flags first, whatever the engine
-    engine = make_engine(args.engine, args.model, **engine_kwargs) if args.engine != "hf" else None
+    if args.engine_dtype != "float32" and args.engine != "hf":
+        raise UsageError("--engine-dtype is the hf engine's option; vLLM engines take their dtype from the model")
+    if args.engine == "hf" and args.engine_dtype != "float32":  # a bf16 copy for rollouts, the policy apart
+        engine = make_engine("hf", args.model, dtype=args.engine_dtype, device=config.device)
+    else:
+        engine = make_engine(args.engine, args.model, **engine_kwargs) if args.engine != "hf" else None
     compiled = None
     try:
         compiled = MMGRPO(metric, config=config).compile(program, trainset=trainset, valset=valset, engine=engine,

@@ -13,8 +13,8 @@ import torch
 from compilers import MMGRPO
 from compilers.config import LoraSettings, MMGRPOConfig
 from programs import Single
-from tiny_setup import SIG, TRAIN, tiny_config
-from wfc.engines.base import AdapterRevision
+from tiny_setup import SIG, TRAIN, length_metric, tiny_config
+from wfc.engines.base import AdapterRevision, GenerationRequest, SamplingParams
 from wfc.engines.fake import ScriptedEngine
 from wfc.engines.hf import HFEngine
 from wfc.policy import Policy, resolve_device
@@ -94,7 +94,8 @@ def test_hf_engine_shares_a_policy(policy):
         policy.add_adapter("solver", LORA.peft_config())
         assert engine.adapters == ["solver"]
         engine.load_adapters(policy.export(["solver"]))  # colocated: nothing to do
-        with pytest.raises(ValueError, match="shares its policy's weights"):
+        assert policy.revision("solver") == 1  # nothing was copied onto the weights it already holds
+        with pytest.raises(ValueError, match="carries no LoRA config"):
             engine.load_adapters([AdapterRevision(name="other", revision=1, config=None, tensors={})])
         messages = ({"role": "user", "content": "What is 1 plus 2?"},)
         assert ScriptedEngine(["x"], tokenizer=policy.tokenizer).encode_prompt(messages) == engine.encode_prompt(messages)
@@ -102,6 +103,58 @@ def test_hf_engine_shares_a_policy(policy):
         engine.close()
     with pytest.raises(ValueError, match="not both"):
         HFEngine("tiny", policy=policy)
+
+
+def test_hf_engine_with_its_own_bf16_weights_takes_handed_over_revisions(policy):
+    """A rollout engine apart from the trainer: its own bf16 base; every changed revision is copied in (cast), an
+    unchanged one is not copied again, and generation follows the adapter it was handed."""
+    engine = HFEngine("tiny", dtype="bfloat16", device="cpu")
+    try:
+        assert engine.policy is not policy
+        assert {p.dtype for n, p in engine.policy.model.named_parameters()} == {torch.bfloat16}
+        messages = ({"role": "user", "content": "What is 1 plus 2?"},)
+        greedy = SamplingParams(temperature=0.0, max_tokens=6)
+        base_ids = engine.generate([GenerationRequest(messages=messages, sampling=greedy)])[0].completion_ids
+        policy.add_adapter("solver", LORA.peft_config())
+        _perturb(policy, "solver", 3)
+        engine.load_adapters(policy.export(["solver"]))
+        held = engine.policy.adapter_state("solver")
+        assert {v.dtype for v in held.values()} == {torch.bfloat16}  # computed in the engine's dtype
+        assert all(torch.equal(held[k], v.to(held[k].dtype)) for k, v in policy.adapter_state("solver").items())
+        copies = engine.policy.revision("solver")
+        engine.load_adapters(policy.export(["solver"]))  # the same weights again: nothing to copy
+        assert engine.policy.revision("solver") == copies
+        tuned = engine.generate([GenerationRequest(messages=messages, adapter="solver", sampling=greedy)])[0]
+        assert tuned.completion_ids != base_ids, "a perturbed adapter must change the engine's greedy text"
+        _perturb(policy, "solver", 4)
+        engine.load_adapters(policy.export(["solver"]))  # a new revision is copied over the old one
+        assert engine.policy.revision("solver") == copies + 1
+        held = engine.policy.adapter_state("solver")
+        assert all(torch.equal(held[k], v.to(held[k].dtype)) for k, v in policy.adapter_state("solver").items())
+    finally:
+        engine.close()
+    with pytest.raises(ValueError, match="holds torch.float32"):
+        HFEngine(policy=policy, dtype="bfloat16")
+
+
+def test_compile_with_a_bf16_rollout_engine_trains_the_fp32_policy(policy, tmp_path):
+    """Rollouts on a bf16 engine of their own, training on the fp32 policy: the engine ends holding the policy's
+    kept adapter, and the step log measures the bf16 log-probs against the trainer's (importance correction)."""
+    engine = HFEngine("tiny", dtype="bfloat16", device="cpu")
+    try:
+        compiled = MMGRPO(length_metric, **tiny_config()).compile(
+            Single(SIG), trainset=TRAIN, valset=TRAIN[:2], engine=engine, policy=policy, run_dir=tmp_path / "run",
+            progress=False)
+        assert compiled.policy is policy and compiled.engine is engine
+        assert {p.dtype for n, p in policy.base_model.named_parameters()} == {torch.float32}
+        held = engine.policy.adapter_state("shared")
+        assert all(torch.equal(held[k], v.to(held[k].dtype)) for k, v in policy.adapter_state("shared").items())
+        steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        steps = [r for r in steps if r["kind"] == "step"]
+        assert steps and all(r["logprob_mismatch"]["tokens"] > 0 for r in steps)
+        assert max(r["logprob_mismatch"]["max_abs"] for r in steps) > 1e-4  # bf16 is not the trainer's fp32
+    finally:
+        engine.close()
 
 
 def test_compile_on_a_scripted_engine_trains_the_policy(policy, tmp_path):
@@ -142,3 +195,18 @@ def test_compile_on_a_scripted_engine_trains_the_policy(policy, tmp_path):
                                    policy.tokenizer.eos_token_id]
     path = compiled.save(tmp_path / "art")  # saved from the policy, not the engine
     assert (path / "adapters" / "shared" / "adapter_model.safetensors").exists()
+
+
+def test_a_bf16_hf_engine_alone_gets_a_policy_of_its_own_in_the_config_dtype():
+    from compilers.mmgrpo import _policy_and_engine
+
+    engine = HFEngine("tiny", dtype="bfloat16", device="cpu")
+    try:
+        same, policy = _policy_and_engine(engine, None, "tiny", MMGRPOConfig(device="cpu"))
+        assert same is engine and policy is not engine.policy and policy.dtype == torch.float32
+        assert policy.handle.checksum == engine.handle.checksum  # the same base weights, loaded apart
+        fp32 = HFEngine("tiny", device="cpu")
+        assert _policy_and_engine(fp32, None, "tiny", MMGRPOConfig(device="cpu"))[1] is fp32.policy  # colocated
+        fp32.close()
+    finally:
+        engine.close()
