@@ -11,13 +11,20 @@ Figures and minutes measured on the 2-core CPU: README, "The demo's figures, per
 Environment: WFC_DEMO_SEED (default 0: training seed), WFC_DEMO_STEPS (default 10), WFC_DEMO_OUT (artifact dir),
 WFC_DEMO_RECIPE (default fast), WFC_DEMO_BACKEND (default shared: one LoRA for both roles; isolated: one each),
 WFC_DEMO_ROLLOUT_DTYPE (default float32: one colocated model; bfloat16: a bf16 rollout engine beside the policy).
+Flags for measured variants: ``--set KEY=VALUE`` (repeatable, a JSON value) overrides one recipe field, and
+``--stop STR`` (repeatable, escapes such as ``\\n`` decoded) makes every role stop at that string, e.g.
+``python examples/demo.py --set max_tokens=24 --set overlong_penalty=0.2 --stop '\\n'``.
 """
 
 from __future__ import annotations
 
+import argparse
+import codecs
+import functools
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -41,9 +48,12 @@ RECIPE = get_recipe(RECIPE_NAME)
 STEPS = 10
 
 
-def program() -> Voting:
+def program(stop: tuple[str, ...] = ()) -> Voting:
+    """``stop``: every role's calls end at the first of these strings (each predictor's DSPy config, which travels
+    in the artifact)."""
+    predictor = functools.partial(dspy.Predict, stop=tuple(stop)) if stop else dspy.Predict
     # skip_unanimous: voters that agree end the run (programs/voting.py); the aggregator decides disagreements
-    return Voting(SIGNATURE, n=3, name="math-voting", skip_unanimous=True)
+    return Voting(SIGNATURE, n=3, name="math-voting", skip_unanimous=True, predictor=predictor)
 
 
 def demo_task():
@@ -51,7 +61,16 @@ def demo_task():
     return get_task("arithmetic", n_train=400, n_val=100, n_test=300, seed=1, steps=1, max_operand=20)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="compile the demo's Voting workflow (see the module docstring)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one recipe field")
+    ap.add_argument("--stop", action="append", default=[], metavar="STR", help="every role stops at STR")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.gpu_matrix import parse_set
+
+    recipe = {**RECIPE, **parse_set(args.set)}
+    stop = tuple(codecs.decode(s, "unicode_escape") for s in args.stop)
     seed = int(os.environ.get("WFC_DEMO_SEED", "0"))
     steps = int(os.environ.get("WFC_DEMO_STEPS", str(STEPS)))
     out = Path(os.environ.get("WFC_DEMO_OUT", "artifacts/math-voting"))
@@ -63,19 +82,19 @@ def main() -> None:
     # and hands it every update's adapter (wfc/engines/hf.py). Faster, but it gained less on the demo's seeds (README,
     # "bf16 rollouts").
     engine = HFEngine("smollm2-135m", dtype=dtype)
-    prog = program()
-    base = evaluate(prog, task.testset, engine, metric=math_metric, adapters={}, max_tokens=RECIPE["max_tokens"],
+    prog = program(stop)
+    base = evaluate(prog, task.testset, engine, metric=math_metric, adapters={}, max_tokens=recipe["max_tokens"],
                     progress="baseline")
     print(RoleGraph.from_rollouts(base["graphs"]).table())
     lo, hi = base["interval"]
     print(f"baseline accuracy on {base['n']} held-out problems: {base['accuracy']:.3f} [{lo:.2f}, {hi:.2f}] "
           f"({time.time() - t0:.0f}s)")
-    compiled = MMGRPO(math_metric, steps=steps, seed=seed, **RECIPE).compile(
+    compiled = MMGRPO(math_metric, **{**recipe, "steps": steps, "seed": seed}).compile(
         prog, trainset=task.trainset, valset=task.valset, engine=engine, backend=backend,
         run_dir=Path("runs") / f"demo-seed{seed}")
     t_train = time.time()
     after = evaluate(compiled.program, task.testset, engine, metric=math_metric, adapters=compiled.roles,
-                     max_tokens=RECIPE["max_tokens"], progress="held-out")
+                     max_tokens=recipe["max_tokens"], progress="held-out")
     lo, hi = after["interval"]
     gain = after["accuracy"] - base["accuracy"]
     print(f"compiled accuracy on {after['n']} held-out problems: {after['accuracy']:.3f} [{lo:.2f}, {hi:.2f}] "
@@ -87,7 +106,7 @@ def main() -> None:
     total = time.time() - t0
     print(f"total time {total:.0f}s")
     summary = {"seed": seed, "steps": steps, "backend": backend, "rollout_dtype": dtype,
-               "recipe": RECIPE_NAME,
+               "recipe": RECIPE_NAME, "overrides": parse_set(args.set), "stop": list(stop),
                "baseline": base["accuracy"], "baseline_interval": base["interval"],
                "compiled": after["accuracy"], "compiled_interval": after["interval"], "gain": gain,
                "best_step": compiled.manifest.best_step, "seconds": round(total, 1),

@@ -344,3 +344,22 @@ def test_compiled_program_nests_in_another_program(voting_artifact, engine):
     assert [c.role for c in graph.calls] == ["team.voter", "team.voter", "team.aggregator"]
     assert [c.adapter for c in graph.calls] == ["voters", "voters", None]
     assert graph.outputs["answer"] == compiled(question=f"{q} Think.").answer
+
+
+def test_a_roles_stop_strings_travel_in_the_artifact_and_end_its_calls(engine, tmp_path):
+    """``dspy.Predict(sig, stop=...)`` (the demo's ``--stop``): the config is part of the saved structure, and the
+    loaded program's calls end at the stop string on the real engine."""
+    import functools
+
+    from programs import Voting
+
+    program = Voting(SIG, n=2, predictor=functools.partial(dspy.Predict, stop=(" ",)))
+    path = _save(program, engine, tmp_path / "art", {"voter": "voters", "aggregator": None})
+    (path / "program" / "program.pkl").unlink()  # the structure alone must carry it
+    loaded = wfc.load(path, engine=engine)
+    assert loaded.program.voter.config == {"stop": (" ",)} and loaded.program.aggregator.config == {"stop": (" ",)}
+    calls = [c for q in QUESTIONS for c in loaded.trace({"question": q}).calls]
+    # stops are matched on decoded text and cut at the token that completes one (" legally" ends a call)
+    stopped = [c for c in calls if c.finish_reason == "stop"]
+    assert stopped and all(" " in c.text for c in stopped)
+    assert all(" " not in c.text for c in calls if c.finish_reason == "length")  # one with a space would have stopped
