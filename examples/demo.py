@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.gpu_matrix import parse_set
 
-    recipe = {**RECIPE, **parse_set(args.set)}
+    overrides = parse_set(args.set)
+    recipe = {**RECIPE, **overrides}
     stop = tuple(codecs.decode(s, "unicode_escape") for s in args.stop)
     seed = int(os.environ.get("WFC_DEMO_SEED", "0"))
     steps = int(os.environ.get("WFC_DEMO_STEPS", str(STEPS)))
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     total = time.time() - t0
     print(f"total time {total:.0f}s")
     summary = {"seed": seed, "steps": steps, "backend": backend, "rollout_dtype": dtype,
-               "recipe": RECIPE_NAME, "overrides": parse_set(args.set), "stop": list(stop),
+               "recipe": RECIPE_NAME, "overrides": overrides, "stop": list(stop),
                "baseline": base["accuracy"], "baseline_interval": base["interval"],
                "compiled": after["accuracy"], "compiled_interval": after["interval"], "gain": gain,
                "best_step": compiled.manifest.best_step, "seconds": round(total, 1),

@@ -278,12 +278,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
         load_checkpoint(args.resume)
     # hf: compile builds the policy (on --device) and a colocated engine on it; others: their own copy of the base
     engine_kwargs = _engine_kwargs(args)  # checks the flags first, whatever the engine
-    if args.engine_dtype != "float32" and args.engine != "hf":
-        raise UsageError("--engine-dtype is the hf engine's option; vLLM engines take their dtype from the model")
-    if args.engine == "hf" and args.engine_dtype != "float32":  # a bf16 copy for rollouts, the policy apart
-        engine = make_engine("hf", args.model, dtype=args.engine_dtype, device=config.device)
-    else:
-        engine = make_engine(args.engine, args.model, **engine_kwargs) if args.engine != "hf" else None
+    if args.engine_dtype != "float32":
+        if args.engine != "hf":
+            raise UsageError("--engine-dtype is the hf engine's option; vLLM engines take their dtype from the model")
+        engine_kwargs = {"dtype": args.engine_dtype, "device": config.device}  # a bf16 copy; compile trains apart
+    engine = make_engine(args.engine, args.model, **engine_kwargs) if engine_kwargs or args.engine != "hf" else None
     compiled = None
     try:
         compiled = MMGRPO(metric, config=config).compile(program, trainset=trainset, valset=valset, engine=engine,

@@ -136,7 +136,7 @@ class HFEngine(BatchingEngine):
     ``HFEngine("smollm2-135m", dtype="bfloat16")`` beside a trainer's fp32 ``Policy`` is a rollout engine of its
     own: :meth:`load_adapters` copies each handed-over revision into the engine's model (cast to its dtype), and the
     trainer's importance correction covers the bf16 log-probs (``compilers/offpolicy.py``). On a CPU with AVX-512
-    BF16 that generates about twice as fast ("Performance" in the README)."""
+    BF16 a sampled batch runs about 1.4x faster (``benchmarks/bench_rollout_dtype.py``)."""
 
     engine_name = "hf"
 
