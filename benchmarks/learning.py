@@ -10,6 +10,10 @@ Arms (each a fresh engine on the embedded model, the demo's task and held-out sp
 - ``single_pw``: ``Single`` with the ``better-together`` recipe at the same budget (the strongest one-role rival).
 - ``prompt``: Voting with demos only (``prompts-only``): prompt optimization alone.
 
+Every trained arm runs the same recipe overrides (``--set KEY=VALUE``) and every role of every arm the same stop
+strings (``--stop STR``), as ``examples/demo.py`` takes them; with ``--reuse-demo`` the demo run's recorded recipe,
+overrides and stop strings must equal this invocation's (else the arms would not compare like with like).
+
 Prints and writes ``OUT/results.jsonl`` (one line per run) and ``OUT/results.md`` (mean held-out accuracy per arm with
 a 95% t-interval over seeds, and the workflow's lead over each rival, paired by seed).
 
@@ -30,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -50,11 +55,21 @@ def workflow_tokens(run_dir: Path) -> int:
     return steps[-1]["drawing"]["completion_tokens_total"] if steps else spent
 
 
-def run_arm(arm: str, seed: int, steps: int, budget: int | None, out: Path) -> dict:
+def arm_program(arm: str, stop: tuple[str, ...] = ()):
+    """The program an arm trains: ``Single`` with the demo's signature for the single-role arms, else the demo's
+    Voting; every role stops at ``stop``."""
+    import demo
+    from programs import Single
+
+    return (Single(demo.SIGNATURE, predictor=demo.predictor(stop)) if arm.startswith("single")
+            else demo.program(stop))
+
+
+def run_arm(arm: str, seed: int, steps: int, budget: int | None, out: Path, *, overrides: dict | None = None,
+            stop: tuple[str, ...] = (), model: str = "smollm2-135m") -> dict:
     import demo
     from compilers import MMGRPO, evaluate
     from compilers.recipes import get_recipe
-    from programs import Single
     from wfc.engines.hf import HFEngine
     from wfc.tasks.math import math_metric
 
@@ -62,12 +77,13 @@ def run_arm(arm: str, seed: int, steps: int, budget: int | None, out: Path) -> d
     # the single-role rival runs the workflow's own recipe: the comparison is the program, not the recipe
     recipe = dict(demo.RECIPE) if arm in ("workflow", "single") else get_recipe(
         {"single_pw": "better-together", "prompt": "prompts-only"}[arm])
-    program = Single(demo.SIGNATURE) if arm.startswith("single") else demo.program()
+    recipe.update(overrides or {})
+    program = arm_program(arm, stop)
     if budget is not None and arm.startswith("single"):
         recipe.update(max_rollout_tokens=budget, steps=10 * steps)  # the budget, not the step count, stops it
     else:
         recipe.update(steps=steps)
-    engine = HFEngine("smollm2-135m")
+    engine = HFEngine(model)
     t0 = time.time()
     try:
         compiled = MMGRPO(math_metric, seed=seed, **recipe).compile(
@@ -85,9 +101,19 @@ def run_arm(arm: str, seed: int, steps: int, budget: int | None, out: Path) -> d
             "seconds": round(time.time() - t0, 1)}
 
 
-def from_demo(seed: int) -> dict:
-    run = ROOT / "runs" / f"demo-seed{seed}"
+def from_demo(seed: int, *, recipe: str, overrides: dict, stop: tuple[str, ...], runs: Path = ROOT / "runs") -> dict:
+    """The workflow arm from a finished demo run of ``seed``; a run made with another recipe, other overrides or
+    other stop strings than the rivals will get is refused (rerun the demo, or pass its ``--set`` / ``--stop``)."""
+    run = runs / f"demo-seed{seed}"
+    if not (run / "summary.json").is_file():
+        raise SystemExit(f"{run / 'summary.json'} is missing: run WFC_DEMO_SEED={seed} python examples/demo.py first, "
+                         f"or drop --reuse-demo")
     summary = json.loads((run / "summary.json").read_text())
+    ran = (summary.get("recipe"), summary.get("overrides", {}), tuple(summary.get("stop", ())))
+    if ran != (recipe, overrides, stop):
+        raise SystemExit(f"{run} was run with recipe {ran[0]!r}, overrides {ran[1]}, stop {list(ran[2])}; this "
+                         f"comparison has recipe {recipe!r}, overrides {overrides}, stop {list(stop)}: pass the "
+                         f"demo's --set / --stop here, or rerun the demo with these")
     return {"arm": "workflow", "seed": seed, "accuracy": summary["compiled"], "interval": summary["compiled_interval"],
             "baseline": summary["baseline"], "tokens": workflow_tokens(run), "steps": summary["steps"],
             "seconds": summary["seconds"], "source": str(run)}
@@ -121,11 +147,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--arms", default="workflow,single,prompt")
     p.add_argument("--steps", type=int, default=None, help="the workflow's steps (default: the demo's)")
     p.add_argument("--reuse-demo", action="store_true", help="read the workflow arm from runs/demo-seed<S>")
+    p.add_argument("--demo-runs", default=str(ROOT / "runs"), help="where --reuse-demo finds demo-seed<S>/")
+    p.add_argument("--model", default="smollm2-135m", help="base model of the arms that run here")
     p.add_argument("--out", default="runs/learning")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one recipe field of every trained arm (JSON value); repeatable")
+    p.add_argument("--stop", action="append", default=None, metavar="STR",
+                   help="every role of every arm stops at STR (escapes decoded; default: the demo's)")
     args = p.parse_args(argv)
-    if args.steps is None:
-        import demo
+    import demo
+    from gpu_matrix import parse_set
 
+    overrides = parse_set(args.set)
+    stop = demo.STOP if args.stop is None else demo.decode_stop(args.stop)
+    if args.steps is None:
         args.steps = demo.STEPS
     logging.getLogger("dspy").setLevel(logging.ERROR)
     out = Path(args.out)
@@ -135,8 +170,11 @@ def main(argv: list[str] | None = None) -> None:
     for seed in [int(s) for s in args.seeds.split(",")]:
         budget = None
         for arm in args.arms.split(","):
-            row = from_demo(seed) if arm == "workflow" and args.reuse_demo else run_arm(arm, seed, args.steps,
-                                                                                         budget, out)
+            if arm == "workflow" and args.reuse_demo:
+                row = from_demo(seed, recipe=demo.RECIPE_NAME, overrides=overrides, stop=stop,
+                                runs=Path(args.demo_runs))
+            else:
+                row = run_arm(arm, seed, args.steps, budget, out, overrides=overrides, stop=stop, model=args.model)
             if arm == "workflow":
                 budget = row["tokens"]
             rows.append(row)

@@ -62,11 +62,15 @@ def test_end_to_end_on_the_tiny_model_trains_saves_and_measures(svamp_dir, tiny_
     # The recipe shrunk so one step is a few seconds on the tiny model; the path is the real one.
     n, out, run_dir = 5, tmp_path / "artifact", tmp_path / "run"
     load().main(["--model", "tiny", "--steps", "1", "--n", str(n), "--out", str(out), "--run-dir", str(run_dir),
-                 "--set", "examples_per_step=2", "--set", "group_size=2", "--set", "max_tokens=4"])
+                 "--set", "examples_per_step=2", "--set", "group_size=2", "--set", "max_tokens=4", "--stop", "\\n"])
 
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["base_model"] == "tiny"
     assert (out / "adapters").is_dir()
+    structure = json.loads((out / "program" / "structure.json").read_text())
+    for role in ("voter", "aggregator"):  # --stop: every role's saved config stops at the newline
+        config = structure["program"]["attrs"][role]["attrs"]["config"]["items"]
+        assert config["stop"]["items"] == ["\n"]
     steps = [r for r in manifest["history"] if r["kind"] == "step"]
     # The random model's groups are mostly flat, which dynamic sampling keeps out of training; what the step drew and
     # generated is the proof it ran.

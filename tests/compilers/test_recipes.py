@@ -30,3 +30,10 @@ def test_concise_is_fast_with_an_overlong_penalty_and_denser_validation():
     assert concise.pop("overlong_penalty") == 0.2 and concise.pop("eval_every") == 2
     fast.pop("eval_every")
     assert concise == fast
+
+
+def test_finish_is_fast_with_room_for_the_answer_and_the_penalty():
+    finish, fast = get_recipe("finish"), get_recipe("fast")
+    assert finish.pop("max_tokens") == 20 and fast.pop("max_tokens") == 12
+    assert finish.pop("overlong_penalty") == 0.2
+    assert finish == fast
