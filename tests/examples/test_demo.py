@@ -1,5 +1,5 @@
-"""examples/demo.py (what `make demo` runs): its default program stops every role at a newline, and one whole run,
-baseline -> compile -> held-out -> save -> load, goes through on the tiny model with the demo's own code."""
+"""examples/demo.py (what `make demo` runs): its program takes stop strings for every role, and one whole run,
+baseline -> compile -> held-out -> save -> load, goes through on the tiny model with the demo's own code and flags."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ def demo():
     return module
 
 
-def test_the_default_program_ends_every_answer_at_its_first_line(demo):
-    assert demo.STOP == ("\n",) and demo.RECIPE_NAME == "finish"
-    roles = dict(demo.program().named_predictors())
+def test_every_role_stops_at_the_given_strings_and_none_by_default(demo):
+    assert demo.STOP == ()
+    roles = dict(demo.program(("\n",)).named_predictors())
     assert set(roles) == {"voter", "aggregator"}
     assert all(p.config.get("stop") == ("\n",) for p in roles.values())
-    assert all("stop" not in p.config for _, p in demo.program(()).named_predictors())
+    assert all("stop" not in p.config for _, p in demo.program().named_predictors())
     assert demo.decode_stop(["\\n", "."]) == ("\n", ".")
 
 
@@ -42,8 +42,10 @@ def test_the_demo_runs_end_to_end_on_the_tiny_model(demo, tiny_handle, tmp_path,
     monkeypatch.setenv("WFC_DEMO_MODEL", "tiny")
     monkeypatch.setenv("WFC_DEMO_STEPS", "1")
     monkeypatch.setenv("WFC_DEMO_OUT", str(tmp_path / "artifact"))
+    monkeypatch.setattr(demo, "RECIPE_NAME", "finish")  # as WFC_DEMO_RECIPE=finish, read at import, would set it
+    monkeypatch.setattr(demo, "RECIPE", demo.get_recipe("finish"))
     demo.main(["--set", "examples_per_step=1", "--set", "group_size=2", "--set", "max_tokens=4",
-               "--set", "eval_every=0"])
+               "--set", "eval_every=0", "--stop", "\\n"])
 
     summary = json.loads((tmp_path / "runs" / "demo-seed0" / "summary.json").read_text())
     assert summary["recipe"] == "finish" and summary["stop"] == ["\n"] and summary["steps"] == 1
