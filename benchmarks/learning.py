@@ -152,14 +152,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="runs/learning")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one recipe field of every trained arm (JSON value); repeatable")
-    p.add_argument("--stop", action="append", default=None, metavar="STR",
-                   help="every role of every arm stops at STR (escapes decoded; default: the demo's)")
-    args = p.parse_args(argv)
     import demo
     from gpu_matrix import parse_set
 
+    demo.add_stop_flags(p)  # every role of every arm
+    args = p.parse_args(argv)
     overrides = parse_set(args.set)
-    stop = demo.STOP if args.stop is None else demo.decode_stop(args.stop)
+    stop = demo.stop_from_args(p, args)
     if args.steps is None:
         args.steps = demo.STEPS
     logging.getLogger("dspy").setLevel(logging.ERROR)

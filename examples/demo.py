@@ -58,6 +58,23 @@ def decode_stop(items) -> tuple[str, ...]:
     return tuple(codecs.decode(s, "unicode_escape") for s in items)
 
 
+def add_stop_flags(parser: argparse.ArgumentParser) -> None:
+    """``--stop STR`` (repeatable, escapes decoded; replaces the default :data:`STOP`) and ``--no-stop``: the flags
+    by which the demo and the scripts built on its program set every role's stop strings."""
+    parser.add_argument("--stop", action="append", default=None, metavar="STR",
+                        help="every role stops at STR (repeatable, escapes such as \\n decoded; replaces the "
+                             "default stop strings)")
+    parser.add_argument("--no-stop", action="store_true", help="no stop strings: every call runs to its token budget")
+
+
+def stop_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, ...]:
+    """The stop strings :func:`add_stop_flags`' flags ask for (:data:`STOP` when neither is given); both at once is
+    a usage error."""
+    if args.no_stop and args.stop:
+        parser.error("--stop and --no-stop contradict each other: pass one")
+    return () if args.no_stop else STOP if args.stop is None else decode_stop(args.stop)
+
+
 def predictor(stop: tuple[str, ...] = ()):
     """The predictor class of every role: ``dspy.Predict``, stopping at ``stop`` when given (each predictor's DSPy
     config, which travels in the artifact)."""
@@ -78,18 +95,14 @@ def demo_task():
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="compile the demo's Voting workflow (see the module docstring)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one recipe field")
-    ap.add_argument("--stop", action="append", default=None, metavar="STR",
-                    help="every role stops at STR (repeatable; replaces the default stop strings)")
-    ap.add_argument("--no-stop", action="store_true", help="no stop strings: every call runs to its token budget")
+    add_stop_flags(ap)
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.gpu_matrix import parse_set
 
     overrides = parse_set(args.set)
     recipe = {**RECIPE, **overrides}
-    if args.no_stop and args.stop:
-        ap.error("--stop and --no-stop contradict each other: pass one")
-    stop = () if args.no_stop else STOP if args.stop is None else decode_stop(args.stop)
+    stop = stop_from_args(ap, args)
     seed = int(os.environ.get("WFC_DEMO_SEED", "0"))
     steps = int(os.environ.get("WFC_DEMO_STEPS", str(STEPS)))
     out = Path(os.environ.get("WFC_DEMO_OUT", "artifacts/math-voting"))

@@ -85,15 +85,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default="smollm2-135m", help="base model: a wfc.models name or a local model directory")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one recipe field (JSON value), e.g. group_size=2; repeatable")
-    p.add_argument("--stop", action="append", default=None, metavar="STR",
-                   help="every role stops at STR (repeatable, escapes decoded; default: the demo's stop strings)")
-    p.add_argument("--no-stop", action="store_true", help="no stop strings: every call runs to its token budget")
+    import demo
+
+    demo.add_stop_flags(p)
     args = p.parse_args(argv)
-    if args.stop and args.no_stop:
-        p.error("--stop and --no-stop contradict each other: pass one")
+    stop = demo.stop_from_args(p, args)
     logging.getLogger("dspy").setLevel(logging.ERROR)
 
-    import demo
     import transfer
     from compilers import MMGRPO
     from gpu_matrix import parse_set
@@ -101,7 +99,6 @@ def main(argv: list[str] | None = None) -> None:
     from wfc.tasks.math import math_metric
 
     trainset, valset = training_task(pool=args.pool)
-    stop = () if args.no_stop else demo.STOP if args.stop is None else demo.decode_stop(args.stop)
     recipe = {**demo.RECIPE, "steps": args.steps, "curriculum_key": "difficulty",
               "curriculum_steps": args.curriculum_steps, "curriculum_start": 0.5, **parse_set(args.set)}
     t0 = time.time()
