@@ -84,9 +84,9 @@ class MMGRPOConfig(BaseModel):
         False, description="roles that answer the task from its own inputs take gold-labeled demos (LabeledFewShot; "
                            "compilers.prompts) instead of bootstrapped ones")
     rollout_workers: int = Field(
-        256, ge=1, description="training rollouts in flight at once (threads); 1 runs them one by one: slower, but "
-                               "with HF sampling every generate call then holds one request, so a seeded compile "
-                               "(and a resumed one) draws the same tokens however loaded the machine is")
+        256, ge=1, description="training rollouts in flight at once (threads). Every training call samples with "
+                               "a seed of its own (seed, step, example, rollout, role, invocation), so a seeded "
+                               "compile draws the same tokens at any setting, float rounding of batch layouts aside")
     # update
     learning_rate: float = Field(2e-4, gt=0.0)
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(

@@ -81,7 +81,7 @@ from compilers.update import AdapterOptimizers, adapter_parameters, update
 from wfc.artifact import CompiledProgram, Manifest, package_versions
 from wfc.engines.base import SamplingParams
 from wfc.policy import Policy, resolve_device
-from wfc.lower import copy_program, roles, run_rollouts
+from wfc.lower import copy_program, derive_seed, roles, run_rollouts
 from wfc.rollout import RolloutGraph
 
 
@@ -220,7 +220,7 @@ class MMGRPO:
         check_role_keys("role_learning_rates", cfg.role_learning_rates, list(role_map))
         check_role_keys("role_max_grad_norm", cfg.role_max_grad_norm, list(role_map))
         check_role_keys("counterfactual_roles", {r: 1 for r in cfg.counterfactual_roles if r != "*"}, list(role_map))
-        torch.manual_seed(cfg.seed)  # HF sampling draws from torch's global generator; seed it for reproducibility
+        torch.manual_seed(cfg.seed)  # LoRA init and unseeded sampling (counterfactual reruns) draw from torch's generator
         if resumed is not None and isinstance(backend, str) and backend == "auto":  # the run's own traced choice
             plan = BackendPlan(resumed.plan["spec"], dict(resumed.plan["role_adapters"]), list(resumed.plan["reasons"]))
         elif isinstance(backend, str) and backend == "auto":
@@ -352,11 +352,16 @@ class MMGRPO:
 
         cf_cost = {"runs": 0, "completion_tokens": 0}  # counterfactual credit's cost in the current step
 
-        def roll_out(indices: list[int]) -> list[list[RolloutGraph]]:
+        def roll_out(indices: list[int], step: int) -> list[list[RolloutGraph]]:
             """The scored, credited rollouts of ``indices`` (this rank's shard run here, the rest gathered)."""
-            examples = [trainset[i] for i in distributed.shard(indices)]
+            mine = distributed.shard(indices)
+            examples = [trainset[i] for i in mine]
+            # an example's rollouts at a step sample with seeds of their own (seed, step, example index): the
+            # draw repeats whatever the thread timing and whichever rank runs it
+            seeds = [derive_seed(cfg.seed, "rollout", step, i) for i in mine]
             rollouts = run_rollouts(student, examples, engine, repeats=cfg.group_size, adapters=role_adapters,
-                                    sampling=sampling, max_workers=cfg.rollout_workers) if examples else []
+                                    sampling=sampling, max_workers=cfg.rollout_workers,
+                                    seeds=seeds) if examples else []
             cost = {k: 0 for k in cf_cost}
             for graphs in rollouts:
                 for g in graphs:
@@ -376,7 +381,7 @@ class MMGRPO:
                 cf_cost[k] += cost[k]
             return rollouts
 
-        def collect() -> tuple[list[list[RolloutGraph]], dict[str, Any]]:
+        def collect(step: int) -> tuple[list[list[RolloutGraph]], dict[str, Any]]:
             """The step's rollouts: ``examples_per_step`` examples, or (dynamic sampling) as many examples with
             signal, drawing replacements for flat ones for up to ``max_draw_rounds`` rounds."""
             quota, kept, drawn, flat, rounds, rewards, tokens = cfg.examples_per_step, [], [], 0, 0, [], 0
@@ -388,7 +393,7 @@ class MMGRPO:
                 if not indices:
                     break
                 drawn.extend(indices)
-                rollouts = roll_out(indices)
+                rollouts = roll_out(indices, step)
                 signal = signal_examples(build_groups(rollouts, mode=cfg.grouping, failure_score=cfg.failure_score,
                                                       format_failure_score=cfg.format_failure_score,
                                                       pool_fanout=cfg.pool_fanout,
@@ -448,7 +453,7 @@ class MMGRPO:
                         st.best_step, st.best_val = steps, st.val
                 break
             t0 = time.time()
-            rollouts, drawing = collect()
+            rollouts, drawing = collect(step)
             st.spent += drawing["completion_tokens"]
             drawing["completion_tokens_total"] = st.spent
             t_roll = time.time() - t0

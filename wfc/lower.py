@@ -7,12 +7,19 @@ needed, so rollouts and the fan-out threads inside them can run concurrently and
 
 Role identity is the dotted path from ``named_predictors()``; two roles built from the same Signature class are two
 roles.
+
+Seeded rollouts: ``trace(..., seed=s)`` gives every call its own sampling seed, ``derive_seed(s, role, invocation)``,
+so a rollout samples the same tokens however its calls fall into the engine's batches (which follow thread timing).
+Calls of one role in flight at once (fan-out) number their invocations in the order they reach the recorder, so
+between such calls which one gets which seed may vary from run to run; when they share a prompt (voters) the set of
+outputs does not.
 """
 
 from __future__ import annotations
 
 import contextvars
 import copy
+import hashlib
 import itertools
 import threading
 import traceback
@@ -28,6 +35,13 @@ from wfc.engines.base import Engine, GenerationRequest, SamplingParams
 from wfc.rollout import CallNode, RolloutGraph
 
 RoleAdapters = Mapping[str, str | None]
+
+
+def derive_seed(*parts: Any) -> int:
+    """A seed in [0, 2**31) determined by ``parts`` alone (their ``repr``s, in order): stable across processes and
+    runs, unlike ``hash``; 31 bits, which every engine's seed argument takes."""
+    digest = hashlib.blake2b("\x1f".join(repr(p) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % 2**31
 
 
 def roles(program: dspy.Module) -> dict[str, dspy.Predict]:
@@ -56,7 +70,8 @@ def copy_program(program: dspy.Module) -> dspy.Module:
 class _Recorder:
     """Collects the calls of one rollout. Thread-safe: fan-out calls record concurrently."""
 
-    def __init__(self):
+    def __init__(self, seed: int | None = None):
+        self.seed = seed  # the rollout's seed: each call samples with derive_seed(seed, role, invocation)
         self._lock = threading.Lock()
         self._clock = itertools.count(1)
         self._ids = itertools.count()
@@ -109,9 +124,11 @@ class RoleEngine:
             "stop": tuple(cfg.stop) if cfg.stop else self.sampling.stop,
         })
         node = self.recorder.start(self.role, self.adapter, messages, sampling.temperature) if self.recorder else None
+        seed = (derive_seed(self.recorder.seed, self.role, node.invocation)
+                if node is not None and self.recorder.seed is not None else None)
         try:
             gen = self.engine.submit(GenerationRequest(messages=tuple(messages), adapter=self.adapter,
-                                                       sampling=sampling)).result()
+                                                       sampling=sampling, seed=seed)).result()
         except Exception as exc:
             if node is not None:
                 node.status, node.error = "crash", f"{type(exc).__name__}: {exc}"
@@ -174,12 +191,13 @@ def _prediction_dict(prediction: Any) -> dict[str, Any] | None:
 def trace(program: dspy.Module, example: dspy.Example | Mapping[str, Any], engine: Engine, *,
           adapters: RoleAdapters | None = None,
           sampling: SamplingParams | Mapping[str, SamplingParams] = SamplingParams(),
-          adapter: dspy.Adapter | None = None) -> RolloutGraph:
+          adapter: dspy.Adapter | None = None, seed: int | None = None) -> RolloutGraph:
     """Run ``program`` once on ``example`` and return its rollout graph. Never raises for a failing run: a format
-    error or a crash becomes the rollout's status, with every call made up to that point kept."""
+    error or a crash becomes the rollout's status, with every call made up to that point kept. ``seed``: every
+    sampled call gets its own seed derived from it (module doc), so the run repeats."""
     inputs = dict(example.inputs()) if isinstance(example, dspy.Example) else dict(example)
     record = dict(example.items()) if isinstance(example, dspy.Example) else dict(example)
-    recorder = _Recorder()
+    recorder = _Recorder(seed)
     prog = bind(copy_program(program), engine, adapters=adapters, sampling=sampling, recorder=recorder)
     status, error, outputs = "ok", None, None
     dspy_trace: list = []
@@ -229,17 +247,22 @@ def run_rollouts(program: dspy.Module, examples: list, engine: Engine, *, repeat
                  adapters: RoleAdapters | None = None,
                  sampling: SamplingParams | Mapping[str, SamplingParams] = SamplingParams(),
                  adapter: dspy.Adapter | None = None, max_workers: int = 256,
-                 on_done: Callable[[], Any] | None = None) -> list[list[RolloutGraph]]:
+                 on_done: Callable[[], Any] | None = None,
+                 seeds: list[int] | None = None) -> list[list[RolloutGraph]]:
     """``repeats`` rollouts of ``program`` per example, all in flight together so the engine batches them.
     Returns one list of graphs per example, in input order. ``on_done`` is called (from a worker thread) as each
-    example's last rollout finishes, e.g. a progress bar's ``update``."""
+    example's last rollout finishes, e.g. a progress bar's ``update``. ``seeds``: one per example; rollout r of
+    example i is traced with ``derive_seed(seeds[i], r)``, so the draw repeats whatever the thread timing."""
     roles(program)  # validate once, before any thread starts
-    jobs = [(i, ex) for i, ex in enumerate(examples) for _ in range(repeats)]
+    if seeds is not None and len(seeds) != len(examples):
+        raise ValueError(f"seeds has {len(seeds)} entries for {len(examples)} examples: give one per example")
+    jobs = [(i, ex, None if seeds is None else derive_seed(seeds[i], r))
+            for i, ex in enumerate(examples) for r in range(repeats)]
     left = [repeats] * len(examples)
     lock = threading.Lock()
 
     def run(job):
-        graph = trace(program, job[1], engine, adapters=adapters, sampling=sampling, adapter=adapter)
+        graph = trace(program, job[1], engine, adapters=adapters, sampling=sampling, adapter=adapter, seed=job[2])
         if on_done is not None:
             with lock:
                 left[job[0]] -= 1
@@ -250,6 +273,6 @@ def run_rollouts(program: dspy.Module, examples: list, engine: Engine, *, repeat
 
     graphs = parallel_map(run, jobs, max_workers=min(max_workers, len(jobs) or 1))
     out: list[list[RolloutGraph]] = [[] for _ in examples]
-    for (i, _), g in zip(jobs, graphs):
+    for (i, _, _), g in zip(jobs, graphs):
         out[i].append(g)
     return out

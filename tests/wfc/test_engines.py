@@ -267,3 +267,27 @@ def test_sampled_generation_is_seeded_and_varied(tiny_engine):
     assert [g.completion_ids for g in first] == [g.completion_ids for g in again]
     assert len({tuple(g.completion_ids) for g in first}) > 1
     assert all(lp > float("-inf") for g in first for lp in g.logprobs)
+
+
+def test_a_seeded_request_samples_alike_in_any_batch(tiny_engine):
+    """A request's own seed fixes its tokens: alone, in a batch with other prompts (other padding, other rows'
+    draws) and whatever torch's global generator holds; another seed draws other tokens, and rows without a seed
+    still draw from the global generator."""
+    hot = SamplingParams(temperature=1.5, max_tokens=6)
+    other = ({"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a colour, please."})
+
+    def seeded(seed, messages=MESSAGES):
+        return GenerationRequest(messages=messages, sampling=hot, seed=seed)
+
+    torch.manual_seed(0)
+    (alone,) = tiny_engine._generate_batch([seeded(11)], hot)
+    torch.manual_seed(99)
+    mixed = tiny_engine._generate_batch([seeded(5, other), seeded(11), request(sampling=hot, messages=other)], hot)
+    assert mixed[1].completion_ids == alone.completion_ids
+    assert mixed[1].logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    draws = {tuple(tiny_engine._generate_batch([seeded(s)], hot)[0].completion_ids) for s in range(8)}
+    assert len(draws) > 1  # seeds are not ignored
+    torch.manual_seed(1)
+    unseeded = [tiny_engine._generate_batch([request(sampling=hot)], hot)[0].completion_ids for _ in range(2)]
+    torch.manual_seed(1)
+    assert [tiny_engine._generate_batch([request(sampling=hot)], hot)[0].completion_ids for _ in range(2)] == unseeded

@@ -10,7 +10,7 @@ import pytest
 
 from programs import EvalOpt, OrchWorkers, Single, Voting
 from wfc.engines.base import SamplingParams
-from wfc.lower import roles, run_rollouts, trace
+from wfc.lower import derive_seed, roles, run_rollouts, trace
 from wfc.models import ModelNotFoundError
 from wfc.rolegraph import RoleGraph
 
@@ -175,3 +175,34 @@ def test_run_rollouts_groups_by_example_in_input_order(fake_engine):
     out = run_rollouts(Single(QA), [{"question": "a"}, {"question": "b"}], engine, repeats=3)
     assert [[g.outputs["answer"] for g in gs] for gs in out] == [["A"] * 3, ["B"] * 3]
     assert all(g.example == {"question": q} for q, gs in zip("ab", out) for g in gs)
+
+
+def test_derive_seed_is_stable_distinct_and_31_bits():
+    # a fixed value: the derivation must not change between runs or processes (hash() would)
+    assert derive_seed(0, "rollout", 1, 7) == 1001212228
+    seeds = {derive_seed(s, "vote", i) for s in range(20) for i in range(20)}
+    assert len(seeds) == 400 and all(0 <= s < 2**31 for s in seeds)
+    assert derive_seed(1, 23) != derive_seed(12, 3)  # parts are separated, not concatenated
+
+
+def test_seeded_rollouts_give_each_call_its_own_seed(fake_engine):
+    """run_rollouts(seeds=...): rollout r of example i traces with derive_seed(seeds[i], r), and each call asks the
+    engine for derive_seed(rollout seed, role, invocation); unseeded runs send no seed."""
+    seen = []
+
+    def answer(request):
+        seen.append((request.messages[-1]["content"].splitlines()[0], request.seed))
+        return "4"
+
+    program = Voting(QA, n=2)
+    run_rollouts(program, [{"question": "a"}, {"question": "b"}], fake_engine(answer), repeats=2, seeds=[10, 20],
+                 sampling=SamplingParams(temperature=0.7))
+    voter = [path for path in roles(program) if "vote" in path][0]
+    want = {(q, derive_seed(derive_seed(s, r), voter, k)) for q, s in (("a", 10), ("b", 20))
+            for r in range(2) for k in range(2)}
+    assert {x for x in seen if x[1] is not None and x in want} == want
+    seen.clear()
+    run_rollouts(program, [{"question": "a"}], fake_engine(answer), sampling=SamplingParams(temperature=0.7))
+    assert seen and all(seed is None for _, seed in seen)
+    with pytest.raises(ValueError, match="one per example"):
+        run_rollouts(program, [{"question": "a"}], fake_engine(answer), seeds=[1, 2])

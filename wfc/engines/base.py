@@ -1,8 +1,11 @@
 """The engine protocol: batched chat generation where every request names its adapter and sampling settings.
 
 Data model:
-- ``GenerationRequest``: chat ``messages``, the ``adapter`` to route through (``None`` = the base model), and
-  ``SamplingParams``.
+- ``GenerationRequest``: chat ``messages``, the ``adapter`` to route through (``None`` = the base model),
+  ``SamplingParams`` and an optional sampling ``seed``: a sampled request with a seed draws its random numbers from a
+  generator of its own seeded with it, so the same request with the same seed yields the same tokens whichever
+  batch it lands in (float rounding of the batch layout aside); without one, from the engine's shared generator.
+  Greedy requests ignore it.
 - ``Generation``: the completion ``text``; ``prompt_ids`` (exactly the tokens the model was conditioned on, no
   padding); ``completion_ids`` (exactly the tokens it produced, ending at EOS or a stop string, no padding);
   ``logprobs`` (one per completion token, under the temperature-scaled distribution it was sampled from);
@@ -51,6 +54,7 @@ class GenerationRequest(BaseModel):
     messages: tuple[dict[str, str], ...]
     adapter: str | None = BASE
     sampling: SamplingParams = SamplingParams()
+    seed: int | None = Field(None, ge=0, lt=2**63, description="this request's own sampling seed (module doc)")
 
 
 class Generation(BaseModel):

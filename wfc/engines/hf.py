@@ -12,11 +12,13 @@ a half-updated model. Inputs go to the policy's device.
 Log-probs are recorded while sampling (a logits processor that sees the raw logits before any warper), under the
 temperature-scaled distribution (T=1 for greedy requests). No full (B, T, V) logits tensor is ever kept.
 
-Sampling is done by that same processor, by inverse CDF (:func:`sample_tokens`: one uniform number per row from
-torch's global generator, a cumulative sum, a binary search), and ``generate`` then runs greedy over its one-hot
+Sampling is done by that same processor, by inverse CDF (:func:`sample_tokens`: one uniform number per row, a
+cumulative sum, a binary search), and ``generate`` then runs greedy over its one-hot
 scores. The distribution is exactly the one ``generate``'s own sampler would draw from (softmax of the logits at the
 temperature, top-p applied the same way), but ``torch.multinomial`` over a 49k vocabulary draws one exponential per
-vocabulary entry: measured on the 2-core CPU, that was 13% of a 96-row sampled batch of SmolLM2-135M.
+vocabulary entry: measured on the 2-core CPU, that was 13% of a 96-row sampled batch of SmolLM2-135M. A row's
+uniform numbers come from a generator of its own when its request carries a ``seed`` (its n-th token takes that
+generator's n-th number, so the row samples alike in any batch), else from torch's global generator.
 """
 
 from __future__ import annotations
@@ -58,10 +60,14 @@ class _LogprobRecorder:
     ``sample``, it also draws each row's token (:func:`sample_tokens`) and returns scores whose argmax is that
     token, so ``generate`` runs greedy."""
 
-    def __init__(self, temperature: float, *, sample: bool = False, top_p: float = 1.0):
+    def __init__(self, temperature: float, *, sample: bool = False, top_p: float = 1.0,
+                 seeds: Sequence[int | None] | None = None):
         self.temperature = temperature if temperature > 0 else 1.0
         self.sample = sample
         self.top_p = top_p
+        # one generator per seeded row (None: that row draws from torch's global generator)
+        self.generators = ([torch.Generator().manual_seed(s) if s is not None else None for s in seeds]
+                           if seeds is not None and any(s is not None for s in seeds) else None)
         self.prev: torch.Tensor | None = None  # (B, V) log-probs of the step whose token is not yet known
         self.steps: list[torch.Tensor] = []
 
@@ -71,8 +77,14 @@ class _LogprobRecorder:
         self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)
         if not self.sample:
             return scores
-        tokens = sample_tokens(self.prev, torch.rand(scores.shape[0]).to(scores.device), top_p=self.top_p)
+        tokens = sample_tokens(self.prev, self.uniforms(scores.shape[0]).to(scores.device), top_p=self.top_p)
         return torch.full_like(scores, float("-inf")).scatter_(1, tokens.unsqueeze(1), 0.0)
+
+    def uniforms(self, rows: int) -> torch.Tensor:
+        """One uniform number in [0, 1) per row for this step: from the row's own generator when it has one."""
+        if self.generators is None:
+            return torch.rand(rows)
+        return torch.cat([torch.rand(1, generator=g) if g is not None else torch.rand(1) for g in self.generators])
 
     def finish(self, sequences: torch.Tensor) -> torch.Tensor:
         if self.prev is not None:
@@ -260,7 +272,8 @@ class HFEngine(BatchingEngine):
         stop = tuple(sampling.stop) + self.default_stop
         # the recorder draws sampled rows' tokens itself (from the full distribution the recorded log-probs
         # describe, top-p aside): generate only ever runs greedy, with no warpers of its own
-        recorder = _LogprobRecorder(sampling.temperature, sample=not sampling.greedy, top_p=sampling.top_p)
+        recorder = _LogprobRecorder(sampling.temperature, sample=not sampling.greedy, top_p=sampling.top_p,
+                                    seeds=[r.seed for r in requests])
         kwargs: dict[str, Any] = dict(
             max_new_tokens=sampling.max_tokens,
             do_sample=False,

@@ -154,8 +154,10 @@ class VLLMEngine(BatchingEngine):
             shutil.rmtree(old_dir, ignore_errors=True)
 
     # ----- the sampler side ---------------------------------------------------------------------------------------
-    def _vllm_sampling(self, sampling: SamplingParams) -> VSamplingParams:
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._rng))
+    def _vllm_sampling(self, sampling: SamplingParams, seed: int | None = None) -> VSamplingParams:
+        """vLLM's settings for one request: its own ``seed`` when it has one, else the next from the engine's."""
+        if seed is None:
+            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._rng))
         return VSamplingParams(
             temperature=sampling.temperature, top_p=sampling.top_p,  # top_k off (the default): the full distribution
             max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None, include_stop_str_in_output=True,
@@ -169,7 +171,7 @@ class VLLMEngine(BatchingEngine):
             if missing:
                 raise ValueError(f"unknown adapter(s) {missing}; this engine has {sorted(self._loras) or 'none'}")
             loras = [self._loras[r.adapter] if r.adapter is not None else None for r in requests]
-        params = [self._vllm_sampling(sampling) for _ in requests]
+        params = [self._vllm_sampling(sampling, r.seed) for r in requests]
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=loras,
                                     use_tqdm=False)
         self.stats["generate_calls"] += 1

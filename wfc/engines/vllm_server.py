@@ -411,13 +411,15 @@ class VLLMServerEngine:
         futures = [self.submit(r) for r in requests]
         return [f.result() for f in futures]
 
-    def _body(self, prompt: list[int], adapter: str | None, sampling: SamplingParams) -> dict:
+    def _body(self, prompt: list[int], adapter: str | None, sampling: SamplingParams,
+              seed: int | None = None) -> dict:
         with self._lora_lock:
             model = self._revisions.get(NULL_ADAPTER if adapter is None else adapter)
         if model is None:
             raise ValueError(f"unknown adapter {adapter!r}; this engine has {sorted(self.adapters) or 'none'}")
-        with self._lora_lock:
-            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._rng))
+        if seed is None:  # the request's own seed, else the next from the engine's generator
+            with self._lora_lock:
+                seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._rng))
         return {
             "model": model, "prompt": prompt, "max_tokens": sampling.max_tokens,
             # the full distribution, whatever the server's generation_config defaults say
@@ -431,7 +433,7 @@ class VLLMServerEngine:
     def _complete(self, request: GenerationRequest) -> Generation:
         prompt = self.encode_prompt(request.messages)
         sampling = request.sampling
-        body = self._body(prompt, request.adapter, sampling)
+        body = self._body(prompt, request.adapter, sampling, request.seed)
         while True:
             server = self._acquire()
             try:
@@ -440,7 +442,7 @@ class VLLMServerEngine:
                 self._mark_dead(server, exc)
                 with self._pick_lock:
                     self.stats["retries"] += 1
-                body = self._body(prompt, request.adapter, sampling)  # the revision may have moved meanwhile
+                body = self._body(prompt, request.adapter, sampling, request.seed)  # the revision may have moved meanwhile
                 continue
             finally:
                 with self._pick_lock:
