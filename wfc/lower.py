@@ -8,11 +8,14 @@ needed, so rollouts and the fan-out threads inside them can run concurrently and
 Role identity is the dotted path from ``named_predictors()``; two roles built from the same Signature class are two
 roles.
 
-Seeded rollouts: ``trace(..., seed=s)`` gives every call its own sampling seed, ``derive_seed(s, role, invocation)``,
-so a rollout samples the same tokens however its calls fall into the engine's batches (which follow thread timing).
-Calls of one role in flight at once (fan-out) number their invocations in the order they reach the recorder, so
-between such calls which one gets which seed may vary from run to run; when they share a prompt (voters) the set of
-outputs does not.
+Fan-out branches: ``parallel_map`` runs item i in a context whose branch path is the caller's plus ``(i,)``. A call
+is placed by (branch path, its count among the role's calls in that branch), which follows the program, not thread
+timing; once the rollout ends, each role's calls are numbered (``invocation``) in that order: the role's calls outside
+any fan-out first, in submission order, then branch by branch (Voting's voter i is invocation i).
+
+Seeded rollouts: ``trace(..., seed=s)`` gives every call its own sampling seed, ``derive_seed(s, role, branch path,
+count)``, so a rollout samples the same tokens however its calls fall into the engine's batches (which follow thread
+timing) and numbers them the same way.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ from wfc.engines.base import Engine, GenerationRequest, SamplingParams
 from wfc.rollout import CallNode, RolloutGraph
 
 RoleAdapters = Mapping[str, str | None]
+
+# the fan-out branch a call is made in: () outside any parallel_map, (i,) in item i, (i, j) in a nested one
+_BRANCH: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar("wfc_branch", default=())
 
 
 def derive_seed(*parts: Any) -> int:
@@ -68,26 +74,47 @@ def copy_program(program: dspy.Module) -> dspy.Module:
 
 
 class _Recorder:
-    """Collects the calls of one rollout. Thread-safe: fan-out calls record concurrently."""
+    """Collects the calls of one rollout. Thread-safe: fan-out calls record concurrently. Each call is placed by
+    (branch path, count of the role's calls in that branch so far), which does not depend on thread timing."""
 
     def __init__(self, seed: int | None = None):
-        self.seed = seed  # the rollout's seed: each call samples with derive_seed(seed, role, invocation)
+        self.seed = seed  # the rollout's seed: each call samples with derive_seed(seed, role, *place)
         self._lock = threading.Lock()
         self._clock = itertools.count(1)
         self._ids = itertools.count()
         self._invocations: dict[str, int] = {}
+        self._counts: dict[tuple[str, tuple[int, ...]], int] = {}
+        self.places: dict[int, tuple[tuple[int, ...], int]] = {}  # call id -> (branch path, count in the branch)
         self.calls: list[CallNode] = []
 
     def start(self, role: str, adapter: str | None, messages: list[dict[str, str]], temperature: float) -> CallNode:
+        branch = _BRANCH.get()
         with self._lock:
-            invocation = self._invocations.get(role, 0)
+            invocation = self._invocations.get(role, 0)  # provisional: renumber() makes it follow the places
             self._invocations[role] = invocation + 1
+            count = self._counts.get((role, branch), 0)
+            self._counts[(role, branch)] = count + 1
             node = CallNode(
                 id=next(self._ids), role=role, invocation=invocation, adapter=adapter, messages=messages,
                 temperature=temperature, started=next(self._clock),
             )
+            self.places[node.id] = (branch, count)
             self.calls.append(node)
             return node
+
+    def seed_of(self, node: CallNode) -> int | None:
+        """The sampling seed of a recorded call (None in an unseeded rollout)."""
+        return None if self.seed is None else derive_seed(self.seed, node.role, *self.places[node.id])
+
+    def renumber(self) -> None:
+        """Number each role's calls by place (module doc): sequential calls keep submission order, fan-out calls
+        follow their branch index."""
+        by_role: dict[str, list[CallNode]] = {}
+        for node in self.calls:
+            by_role.setdefault(node.role, []).append(node)
+        for nodes in by_role.values():
+            for k, node in enumerate(sorted(nodes, key=lambda n: self.places[n.id])):
+                node.invocation = k
 
     def tick(self) -> int:
         with self._lock:
@@ -124,8 +151,7 @@ class RoleEngine:
             "stop": tuple(cfg.stop) if cfg.stop else self.sampling.stop,
         })
         node = self.recorder.start(self.role, self.adapter, messages, sampling.temperature) if self.recorder else None
-        seed = (derive_seed(self.recorder.seed, self.role, node.invocation)
-                if node is not None and self.recorder.seed is not None else None)
+        seed = self.recorder.seed_of(node) if node is not None else None
         try:
             gen = self.engine.submit(GenerationRequest(messages=tuple(messages), adapter=self.adapter,
                                                        sampling=sampling, seed=seed)).result()
@@ -201,6 +227,7 @@ def trace(program: dspy.Module, example: dspy.Example | Mapping[str, Any], engin
     prog = bind(copy_program(program), engine, adapters=adapters, sampling=sampling, recorder=recorder)
     status, error, outputs = "ok", None, None
     dspy_trace: list = []
+    root = _BRANCH.set(())  # a rollout's places start at the root, whichever fan-out runs the rollout itself
     try:
         with dspy.context(adapter=adapter or CompactChatAdapter(), trace=dspy_trace):
             outputs = _prediction_dict(prog(**inputs))
@@ -210,6 +237,9 @@ def trace(program: dspy.Module, example: dspy.Example | Mapping[str, Any], engin
     except Exception as exc:
         status = "crash"
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    finally:
+        _BRANCH.reset(root)
+    recorder.renumber()
     _attach_inputs(prog, dspy_trace, recorder.calls)
     if status == "ok" and any(c.status == "crash" for c in recorder.calls):
         status = "crash"  # a crashed call the program swallowed still interrupted its trajectory
@@ -238,8 +268,14 @@ def parallel_map(fn: Callable, items: Iterable, *, max_workers: int | None = Non
     if not items:
         return []
     workers = max_workers or len(items)
+    branch = _BRANCH.get()
+    contexts = []
+    for i in range(len(items)):
+        ctx = contextvars.copy_context()
+        ctx.run(_BRANCH.set, branch + (i,))  # item i's calls are placed in branch i (module doc)
+        contexts.append(ctx)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(contextvars.copy_context().run, fn, x) for x in items]
+        futures = [pool.submit(ctx.run, fn, x) for ctx, x in zip(contexts, items)]
         return [f.result() for f in futures]
 
 

@@ -2,7 +2,9 @@
 
 Data model:
 - ``CallNode``: one LM call. ``role`` is the dotted predictor path (the one identity of a role everywhere);
-  ``invocation`` is this call's index among the same role's calls in the rollout, in submission order;
+  ``invocation`` is this call's index among the same role's calls in the rollout: calls outside any fan-out in
+  submission order, then calls made in ``parallel_map`` branches by branch index (``wfc.lower``), never by thread
+  timing;
   ``prompt_ids``/``completion_ids``/``logprobs`` are exactly what the engine saw and produced (``logprobs_known``
   False: the engine could not report log-probs, and ``logprobs`` are placeholders);
   ``status`` is ``ok``, ``format_error`` (``text`` holds the raw completion) or ``crash`` (``error`` holds the

@@ -187,7 +187,7 @@ def test_derive_seed_is_stable_distinct_and_31_bits():
 
 def test_seeded_rollouts_give_each_call_its_own_seed(fake_engine):
     """run_rollouts(seeds=...): rollout r of example i traces with derive_seed(seeds[i], r), and each call asks the
-    engine for derive_seed(rollout seed, role, invocation); unseeded runs send no seed."""
+    engine for derive_seed(rollout seed, role, branch path, count in the branch); unseeded runs send no seed."""
     seen = []
 
     def answer(request):
@@ -197,12 +197,44 @@ def test_seeded_rollouts_give_each_call_its_own_seed(fake_engine):
     program = Voting(QA, n=2)
     run_rollouts(program, [{"question": "a"}, {"question": "b"}], fake_engine(answer), repeats=2, seeds=[10, 20],
                  sampling=SamplingParams(temperature=0.7))
-    voter = [path for path in roles(program) if "vote" in path][0]
-    want = {(q, derive_seed(derive_seed(s, r), voter, k)) for q, s in (("a", 10), ("b", 20))
+    want = {(q, derive_seed(derive_seed(s, r), "voter", (k,), 0)) for q, s in (("a", 10), ("b", 20))
             for r in range(2) for k in range(2)}
-    assert {x for x in seen if x[1] is not None and x in want} == want
+    assert {x for x in seen if x in want} == want
     seen.clear()
     run_rollouts(program, [{"question": "a"}], fake_engine(answer), sampling=SamplingParams(temperature=0.7))
     assert seen and all(seed is None for _, seed in seen)
     with pytest.raises(ValueError, match="one per example"):
         run_rollouts(program, [{"question": "a"}], fake_engine(answer), seeds=[1, 2])
+
+
+def test_fan_out_calls_are_numbered_by_branch_not_by_arrival(fake_engine):
+    """Branches reach the recorder in a shuffled order; branch i's call is still invocation i, and its seed is that
+    of branch i, so a seeded rollout is numbered and sampled alike every run."""
+    import random
+    import time
+
+    from wfc.lower import parallel_map
+
+    rng = random.Random(0)
+
+    class Shuffled(dspy.Module):
+        def __init__(self):
+            super().__init__()
+            self.voter = dspy.Predict(QA)
+
+        def forward(self, question):
+            def vote(i):
+                time.sleep(rng.random() * 0.03)  # branches start their calls in a random order
+                return self.voter(question=question)
+
+            return parallel_map(vote, range(4))[0]
+
+    orders = set()
+    for _ in range(4):
+        graph = trace(Shuffled(), {"question": "a"}, fake_engine(lambda r: str(r.seed % 1000)), seed=7,
+                      sampling=SamplingParams(temperature=0.7))
+        voters = graph.calls_of("voter")
+        orders.add(tuple(c.id for c in voters))  # ids follow arrival
+        assert [c.invocation for c in voters] == [0, 1, 2, 3]
+        assert [c.text for c in voters] == [str(derive_seed(7, "voter", (k,), 0) % 1000) for k in range(4)]
+    assert len(orders) > 1, "the branches never arrived out of order: the test did not test anything"
