@@ -8,9 +8,9 @@ override any field: ``MMGRPO(metric, **{**RECIPES["better-together"], "steps": 2
   (2-core CPU): about half the drawn examples were flat at first, so a step rolled out about twice as many examples
   for the same four trained ones; over three seeds it gained more evenly than ``weights-only`` (README, "The demo's
   figures, per seed").
-- ``fast``: ``dynamic`` at twice the learning rate (6e-4); what ``make demo`` runs (10 steps) and, on ``Single``,
-  the single-role GRPO rival of ``benchmarks/learning.py``. Measured on the demo, seed 1: validation 0.58 at step 5
-  against 0.30 for ``dynamic`` (0.43 at 1e-3, which learned less), so ten steps gain more than fourteen did.
+- ``fast``: ``dynamic`` at twice the learning rate (6e-4); what ``make demo`` ran (10 steps) before ``wide``.
+  Measured on the demo, seed 1: validation 0.58 at step 5 against 0.30 for ``dynamic`` (0.43 at 1e-3, which learned
+  less), so ten steps gain more than fourteen did.
 - ``concise``: ``fast`` with ``overlong_penalty=0.2`` (a call cut at ``max_tokens`` scores 0.2 less) and validation
   every 2 steps. Why: on seed 2 ``fast``'s voters drifted into "Sam has 14 + 16 = 30", 13+ tokens, so 12-token
   answers were cut to "... = 3" and validation fell back (the step log's ``truncated_rate``). A penalty of 0.5 swung
@@ -26,6 +26,12 @@ override any field: ``MMGRPO(metric, **{**RECIPES["better-together"], "steps": 2
 - ``fast-cosine``: ``fast`` with a cosine-decaying rate (``compilers.schedule``): 8e-4 at step 1 down to 2e-4 at the
   last step (about the same summed rate over ten steps as ``fast``, more of it early). Why: on ``fast`` the demo's
   validation peaked by step 3-5 on some seeds and then wandered (seed 2: 0.43 at step 3, 0.35-0.39 after).
+- ``wide``: ``fast`` with twice the problems per step at the same rollouts: 8 kept problems x 4 rollouts instead of
+  4 x 8; what ``make demo`` runs. Why: in Voting a problem's 8 rollouts gave each voter invocation a group of 8 samples
+  of one prompt (24 voter samples a problem), and the model's errors repeat across samples, so half of them taught
+  little; the step's gradient then rested on 4 problems. With 4 rollouts a problem the groups are smaller but the
+  step averages over 8 problems (dynamic sampling still drops the flat ones). Measured on the demo: see README,
+  "The demo's figures, per seed" (recipe ``wide``).
 - ``better-together``: bootstrap two demonstrations per role from the program's own passing runs (prompt
   optimization), then ``weights-only``.
 - ``prompts-only``: the demos without any training (prompt optimization alone).
@@ -51,6 +57,7 @@ RECIPES: dict[str, dict[str, Any]] = {
                 "eval_every": 2},
     "finish": {**_GRPO, **_DYNAMIC, "strategy": "w", "learning_rate": 6e-4, "max_tokens": 20,
                "overlong_penalty": 0.2},
+    "wide": {**_GRPO, **_DYNAMIC, "strategy": "w", "learning_rate": 6e-4, "examples_per_step": 8, "group_size": 4},
     "fast-cosine": {**_GRPO, **_DYNAMIC, "strategy": "w", "learning_rate": 8e-4, "lr_schedule": "cosine",
                     "min_lr_ratio": 0.25},
 }

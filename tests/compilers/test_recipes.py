@@ -37,3 +37,10 @@ def test_finish_is_fast_with_room_for_the_answer_and_the_penalty():
     assert finish.pop("max_tokens") == 20 and fast.pop("max_tokens") == 12
     assert finish.pop("overlong_penalty") == 0.2
     assert finish == fast
+
+
+def test_wide_is_fast_with_twice_the_problems_at_the_same_rollouts():
+    wide, fast = get_recipe("wide"), get_recipe("fast")
+    assert wide.pop("examples_per_step") * wide.pop("group_size") == fast.pop("examples_per_step") * fast.pop(
+        "group_size") == 32
+    assert wide == fast
