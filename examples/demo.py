@@ -11,6 +11,7 @@ tokens, penalty 0.2 on cut calls) is ``WFC_DEMO_RECIPE=finish python examples/de
 Figures and minutes measured on the 2-core CPU: README, "The demo's figures, per seed".
 
 Environment: WFC_DEMO_SEED (default 0: training seed), WFC_DEMO_STEPS (default 10), WFC_DEMO_OUT (artifact dir),
+WFC_DEMO_RUN_DIR (default runs/demo-seed<SEED>: checkpoints, metrics.jsonl, summary.json),
 WFC_DEMO_RECIPE (default wide), WFC_DEMO_BACKEND (default shared: one LoRA for both roles; isolated: one each),
 WFC_DEMO_ROLLOUT_DTYPE (default float32: one colocated model; bfloat16: a bf16 rollout engine beside the policy),
 WFC_DEMO_MODEL (default smollm2-135m: the embedded model; a wfc.models name or a local model directory).
@@ -107,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     seed = int(os.environ.get("WFC_DEMO_SEED", "0"))
     steps = int(os.environ.get("WFC_DEMO_STEPS", str(STEPS)))
     out = Path(os.environ.get("WFC_DEMO_OUT", "artifacts/math-voting"))
+    run_dir = Path(os.environ.get("WFC_DEMO_RUN_DIR") or Path("runs") / f"demo-seed{seed}")
     backend = os.environ.get("WFC_DEMO_BACKEND", "shared")
     task = demo_task()
     t0 = time.time()
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
           f"({time.time() - t0:.0f}s)")
     compiled = MMGRPO(math_metric, **{**recipe, "steps": steps, "seed": seed}).compile(
         prog, trainset=task.trainset, valset=task.valset, engine=engine, backend=backend,
-        run_dir=Path("runs") / f"demo-seed{seed}")
+        run_dir=run_dir)
     t_train = time.time()
     after = evaluate(compiled.program, task.testset, engine, metric=math_metric, adapters=compiled.roles,
                      max_tokens=recipe["max_tokens"], progress="held-out")
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
                "compiled": after["accuracy"], "compiled_interval": after["interval"], "gain": gain,
                "best_step": compiled.manifest.best_step, "seconds": round(total, 1),
                "seconds_final_eval": round(time.time() - t_train, 1), "artifact": str(path)}
-    (Path("runs") / f"demo-seed{seed}" / "summary.json").write_text(json.dumps(summary, indent=1))
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

@@ -42,12 +42,15 @@ def test_the_demo_runs_end_to_end_on_the_tiny_model(demo, tiny_handle, tmp_path,
     monkeypatch.setenv("WFC_DEMO_MODEL", "tiny")
     monkeypatch.setenv("WFC_DEMO_STEPS", "1")
     monkeypatch.setenv("WFC_DEMO_OUT", str(tmp_path / "artifact"))
+    monkeypatch.setenv("WFC_DEMO_RUN_DIR", str(tmp_path / "side-run"))
     monkeypatch.setattr(demo, "RECIPE_NAME", "finish")  # as WFC_DEMO_RECIPE=finish, read at import, would set it
     monkeypatch.setattr(demo, "RECIPE", demo.get_recipe("finish"))
     demo.main(["--set", "examples_per_step=1", "--set", "group_size=2", "--set", "max_tokens=4",
                "--set", "eval_every=0", "--stop", "\\n"])
 
-    summary = json.loads((tmp_path / "runs" / "demo-seed0" / "summary.json").read_text())
+    assert not (tmp_path / "runs").exists()  # everything of the run went to WFC_DEMO_RUN_DIR
+    assert (tmp_path / "side-run" / "metrics.jsonl").is_file()
+    summary = json.loads((tmp_path / "side-run" / "summary.json").read_text())
     assert summary["recipe"] == "finish" and summary["stop"] == ["\n"] and summary["steps"] == 1
     assert summary["overrides"] == {"examples_per_step": 1, "group_size": 2, "max_tokens": 4, "eval_every": 0}
     assert 0.0 <= summary["baseline"] <= 1.0 and 0.0 <= summary["compiled"] <= 1.0
