@@ -31,7 +31,7 @@ override any field: ``MMGRPO(metric, **{**RECIPES["better-together"], "steps": 2
   of one prompt (24 voter samples a problem), and the model's errors repeat across samples, so half of them taught
   little; the step's gradient then rested on 4 problems. With 4 rollouts a problem the groups are smaller but the
   step averages over 8 problems (dynamic sampling still drops the flat ones). Measured on the demo (seeded, alone):
-  +0.510 / +0.507 / +0.170 on seeds 0 / 1 / 2 in 11.0-11.7 min, against +0.09 to +0.35 for ``fast``; the weak draw's
+  +0.400 / +0.507 / +0.170 on seeds 0 / 1 / 2 in 10.1-11.7 min, against +0.09 to +0.35 for ``fast``; the weak draw's
   voters lose their entropy by step 6 (README, "The demo's figures, per seed").
 - ``better-together``: bootstrap two demonstrations per role from the program's own passing runs (prompt
   optimization), then ``weights-only``.
