@@ -85,7 +85,7 @@ class MMGRPOConfig(BaseModel):
                            "compilers.prompts) instead of bootstrapped ones")
     rollout_workers: int = Field(
         256, ge=1, description="training rollouts in flight at once (threads). Every training call samples with "
-                               "a seed of its own (seed, step, example, rollout, role, invocation), so a seeded "
+                               "a seed of its own (seed, step, example, rollout, role, fan-out branch), so a seeded "
                                "compile draws the same tokens at any setting, float rounding of batch layouts aside")
     # update
     learning_rate: float = Field(2e-4, gt=0.0)

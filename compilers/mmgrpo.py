@@ -220,7 +220,8 @@ class MMGRPO:
         check_role_keys("role_learning_rates", cfg.role_learning_rates, list(role_map))
         check_role_keys("role_max_grad_norm", cfg.role_max_grad_norm, list(role_map))
         check_role_keys("counterfactual_roles", {r: 1 for r in cfg.counterfactual_roles if r != "*"}, list(role_map))
-        torch.manual_seed(cfg.seed)  # LoRA init and unseeded sampling (counterfactual reruns) draw from torch's generator
+        # LoRA init and unseeded sampling (counterfactual reruns) draw from torch's generator
+        torch.manual_seed(cfg.seed)
         if resumed is not None and isinstance(backend, str) and backend == "auto":  # the run's own traced choice
             plan = BackendPlan(resumed.plan["spec"], dict(resumed.plan["role_adapters"]), list(resumed.plan["reasons"]))
         elif isinstance(backend, str) and backend == "auto":

@@ -82,7 +82,6 @@ class _Recorder:
         self._lock = threading.Lock()
         self._clock = itertools.count(1)
         self._ids = itertools.count()
-        self._invocations: dict[str, int] = {}
         self._counts: dict[tuple[str, tuple[int, ...]], int] = {}
         self.places: dict[int, tuple[tuple[int, ...], int]] = {}  # call id -> (branch path, count in the branch)
         self.calls: list[CallNode] = []
@@ -90,12 +89,10 @@ class _Recorder:
     def start(self, role: str, adapter: str | None, messages: list[dict[str, str]], temperature: float) -> CallNode:
         branch = _BRANCH.get()
         with self._lock:
-            invocation = self._invocations.get(role, 0)  # provisional: renumber() makes it follow the places
-            self._invocations[role] = invocation + 1
             count = self._counts.get((role, branch), 0)
             self._counts[(role, branch)] = count + 1
-            node = CallNode(
-                id=next(self._ids), role=role, invocation=invocation, adapter=adapter, messages=messages,
+            node = CallNode(  # invocation is provisional until renumber() orders the role's calls by place
+                id=next(self._ids), role=role, invocation=count, adapter=adapter, messages=messages,
                 temperature=temperature, started=next(self._clock),
             )
             self.places[node.id] = (branch, count)

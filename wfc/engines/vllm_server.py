@@ -442,7 +442,8 @@ class VLLMServerEngine:
                 self._mark_dead(server, exc)
                 with self._pick_lock:
                     self.stats["retries"] += 1
-                body = self._body(prompt, request.adapter, sampling, request.seed)  # the revision may have moved meanwhile
+                # the revision may have moved meanwhile
+                body = self._body(prompt, request.adapter, sampling, request.seed)
                 continue
             finally:
                 with self._pick_lock:
