@@ -116,6 +116,10 @@ class MMGRPOConfig(BaseModel):
         default_factory=dict, description="role path -> gradient-norm clip of that role (default max_grad_norm)")
     role_learning_rates: dict[str, float] = Field(
         default_factory=dict, description="role path -> learning rate (roles sharing an adapter must agree)")
+    entropy_floor: float | None = Field(
+        None, ge=0.0, description="nats per token: a role whose sampled entropy in a step falls below this gets an "
+                                  "entropy bonus of entropy_coef in that step's loss (compilers.guards; None: off)")
+    entropy_coef: float = Field(0.1, ge=0.0, description="the entropy bonus's coefficient (with entropy_floor)")
     cliff_guard: bool = Field(True, description="roll back to the best revision when validation falls off a cliff")
     cliff_drop: float = Field(0.15, ge=0.0, le=1.0, description="a fall of more than this below the best accuracy")
     cliff_patience: int = Field(2, ge=1, description="... for this many consecutive evaluations is a cliff")

@@ -34,6 +34,14 @@ that share an adapter must agree (one Adam state cannot step at two rates).
 highest accuracy so far (the earliest step on ties), a cliff is ``patience`` consecutive evaluations, all after the
 last rollback, each more than ``drop`` below ``best``. The loop then restores the adapters to the best revision,
 multiplies their learning rates by ``cliff_lr_factor`` and records the event.
+
+**Entropy floor** (:func:`entropy_bonus`). A role whose sampled entropy in a step (the mean negative log-prob of its
+sampled completion tokens, nats per token: the step log's ``entropy``) is below ``floor`` gets an entropy bonus with
+coefficient ``coef`` in that step's loss (``compilers.loss``: ``-coef * H_t`` per token, ``H_t`` the exact entropy of
+the policy's next-token distribution), on all its rows, those of flat groups included; a role at or above the floor
+gets none. Why: on the demo a weak draw's voters lost their entropy by step 6 (0.07-0.14 nats against 0.2-0.4 on
+good draws) while still wrong on most problems, so most groups turned flat and the step had nothing left to learn
+from; the bonus acts only once a role has collapsed, so it costs nothing while the role still explores.
 """
 
 from __future__ import annotations
@@ -263,3 +271,17 @@ def detect_cliff(evals: Sequence[tuple[int, float]], *, drop: float, patience: i
         return None
     tail = tail[:patience][::-1]
     return Cliff(best_step, best, tuple(s for s, _ in tail), tuple(a for _, a in tail))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Entropy floor
+
+
+def entropy_bonus(entropy: Mapping[str, float], *, floor: float | None, coef: float) -> dict[str, float]:
+    """Role -> entropy-bonus coefficient of this step: ``coef`` where the role's sampled entropy is below ``floor``,
+    else 0.0 (rule in the module doc). ``floor=None`` turns the guard off (every role 0.0)."""
+    if not coef >= 0:
+        raise ValueError(f"coef must be >= 0 (a bonus, not a penalty), got {coef}")
+    if floor is not None and not floor >= 0:
+        raise ValueError(f"floor must be >= 0 nats per token (or None: off), got {floor}")
+    return {role: coef if floor is not None and h < floor else 0.0 for role, h in entropy.items()}

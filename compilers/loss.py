@@ -10,11 +10,14 @@ Data model (B sequences in a batch, T token positions after padding):
 - ``importance_weights`` (B, T) optional per-token multiplier of the *policy* term only (e.g. truncated importance
   sampling between the sampling engine and the trainer, ``min(pi_train_old / pi_engine, C)``). Constant.
 - ``weights``       (B,)    optional per-sequence multiplier of the whole token loss (role balancing, fan-out).
+- ``entropy``       (B, T)  optional entropy of the policy's whole next-token distribution at each position (carries
+  grad; ``compilers.packing`` with ``entropy=True``), for the entropy bonus.
 
 Per token (``r = exp(logprobs - old_logprobs)``, ``A`` the row's advantage)::
 
     loss_t = -min(r * A, clip(r, 1 - clip_eps, 1 + clip_eps_high) * A) * importance_weight_t
              + beta * kl_k3(logprobs_t, ref_t)
+             - entropy_coef * entropy_t
 
 then multiplied by the row's ``weights`` and reduced by an aggregation from :data:`AGGREGATIONS`.
 
@@ -186,6 +189,8 @@ def policy_loss(
     importance_weights: Tensor | None = None,
     weights: Tensor | None = None,
     max_tokens: int | None = None,
+    entropy: Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped policy-gradient loss over a batch; returns ``(loss scalar, stats)``.
 
@@ -202,8 +207,13 @@ def policy_loss(
     k3 KL penalty with coefficient ``beta`` (``beta > 0`` without ``ref_logprobs`` is an error); with ``beta == 0`` it
     is still measured for the stats. ``max_tokens`` is used only by the ``constant`` aggregation.
 
+    ``entropy`` with ``entropy_coef > 0`` adds the entropy bonus ``-entropy_coef * entropy_t`` per token (weighted
+    and aggregated like the other terms, not by the importance weights): its gradient raises the entropy of the
+    policy at the positions trained on. ``entropy_coef > 0`` without ``entropy`` is an error.
+
     Stats (plain floats, over completion tokens, unweighted): ``token_count``, ``clip_fraction`` (clip active, so no
-    gradient), ``clip_low_fraction``, ``clip_high_fraction``, ``ratio_mean``, ``kl_mean`` (0.0 without a reference).
+    gradient), ``clip_low_fraction``, ``clip_high_fraction``, ``ratio_mean``, ``kl_mean`` (0.0 without a reference),
+    ``entropy_mean`` (0.0 without ``entropy``).
     """
     aggregate = get_aggregation(aggregation) if isinstance(aggregation, str) else aggregation
     _check_clip(clip_eps, clip_eps_high)
@@ -211,6 +221,10 @@ def policy_loss(
         raise ValueError(f"beta must be >= 0, got {beta}")
     if beta > 0 and ref_logprobs is None:
         raise ValueError(f"beta={beta} needs ref_logprobs (B, T); pass them or set beta=0.0")
+    if not entropy_coef >= 0:
+        raise ValueError(f"entropy_coef must be >= 0 (a bonus for entropy), got {entropy_coef}")
+    if entropy_coef > 0 and entropy is None:
+        raise ValueError(f"entropy_coef={entropy_coef} needs entropy (B, T); pass it or set entropy_coef=0.0")
 
     shape = _check_bt("logprobs", logprobs, None)
     _check_bt("old_logprobs", old_logprobs, shape)
@@ -243,6 +257,14 @@ def policy_loss(
         token_losses = token_losses + beta * kl
         kl_mean = float(masked_mean(kl.detach(), m))
 
+    entropy_mean = 0.0
+    if entropy is not None:
+        _check_bt("entropy", entropy, shape)
+        ent = torch.where(m, entropy.to(dtype), zero)
+        if entropy_coef > 0:
+            token_losses = token_losses - entropy_coef * ent
+        entropy_mean = float(masked_mean(ent.detach(), m))
+
     if weights is not None:
         w = _check_rows("weights", weights, shape[0]).detach().to(dtype)
         if bool((w < 0).any()):
@@ -260,6 +282,7 @@ def policy_loss(
             "clip_high_fraction": float(sur.clipped_high[m].float().mean()),
             "ratio_mean": float(sur.ratio[m].mean()),
             "kl_mean": kl_mean,
+            "entropy_mean": entropy_mean,
         }
     return loss, stats
 

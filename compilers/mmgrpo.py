@@ -23,7 +23,9 @@ Backends map roles to adapters (``backends.resolve_backend``): ``shared`` (one a
 (one per role), a dict partition, or ``auto`` (``compilers.auto.plan``: traced before training, with reasons).
 
 Guards (``compilers.guards``; each switchable in the config and logged): fan-out row weights, role-balanced loss in
-multi-role adapters, per-role gradient clipping and learning rates, and cliff rollback: after each validation, a
+multi-role adapters, per-role gradient clipping and learning rates, an entropy floor (``entropy_floor``: a role whose
+sampled entropy in a step is below it gets an entropy bonus in that step's loss, logged per role as
+``entropy_bonus``), and cliff rollback: after each validation, a
 cliff (``cliff_patience`` evaluations more than ``cliff_drop`` below the best) restores every adapter that moved since
 the best revision to that revision's exact weights, multiplies its learning rate by ``cliff_lr_factor``, and records
 an event (``metrics.jsonl`` kind ``event``, and ``manifest.events``). Every evaluated revision is still kept.
@@ -66,8 +68,8 @@ from compilers import checkpoint as ckpt
 from compilers.backends import BackendPlan, resolve_backend
 from compilers.config import MMGRPOConfig
 from compilers.group import Group, build_groups
-from compilers.guards import (adapter_learning_rates, check_role_keys, cohort_sizes, detect_cliff, fanout_weights,
-                              member_key)
+from compilers.guards import (adapter_learning_rates, check_role_keys, cohort_sizes, detect_cliff, entropy_bonus,
+                              fanout_weights, member_key)
 from compilers.runlog import RunLog
 from compilers.counterfactual import counterfactual_credit
 from compilers.credit import get_credit
@@ -475,14 +477,18 @@ class MMGRPO:
                                     min_ratio=cfg.min_lr_ratio)
             optimizers.apply_schedule(lr_mult)
             weights = fanout_weights(groups) if cfg.fanout_scaling else {}
+            graphs = [g for gs in rollouts for g in gs]
+            per_role = _role_stats(graphs, groups)  # of the rollouts, so before the update
+            bonus = entropy_bonus({r: s["entropy"] for r, s in per_role.items()}, floor=cfg.entropy_floor,
+                                  coef=cfg.entropy_coef)
             upd = update(policy, optimizers, groups, role_adapters, config=cfg, weights=weights,
-                         distributed=distributed)
+                         distributed=distributed, entropy_coefs=bonus)
             t_sync = time.time()
             hand_off()  # adapter-only hand-off of what the step changed (a no-op where rollouts share the model)
             t_sync = time.time() - t_sync
             st.current = step
-            graphs = [g for gs in rollouts for g in gs]
-            per_role = _role_stats(graphs, groups)
+            for role, coef in bonus.items():
+                per_role[role]["entropy_bonus"] = coef
             _add_guard_stats(per_role, groups, weights, upd, role_adapters, optimizers)
             record = {
                 "kind": "step", "step": step,
@@ -506,7 +512,8 @@ class MMGRPO:
                 "guards": {"fanout_scaling": cfg.fanout_scaling,
                            "role_balance": cfg.role_balance and multi_role,
                            "role_share_cap": cfg.role_share_cap, "role_clip": cfg.role_clip,
-                           "cliff_guard": cfg.cliff_guard and bool(valset)},
+                           "cliff_guard": cfg.cliff_guard and bool(valset),
+                           "entropy_floor": cfg.entropy_floor},
                 "seconds_rollout": round(t_roll, 2),
                 "seconds_update": round(time.time() - t1 - t_sync, 2),
                 "seconds_handoff": round(t_sync, 3),

@@ -121,9 +121,10 @@ def _check_attention(model: torch.nn.Module) -> None:
 
 
 def _token_logprobs(model: torch.nn.Module, batch: _Batch, *, fast: bool | None = None,
-                    temperature: float = 1.0) -> torch.Tensor:
+                    temperature: float = 1.0, entropy: bool = False) -> torch.Tensor:
     """Log-probs of ``batch.targets`` at ``(rows, cols)`` under ``softmax(logits / temperature)``; shape (K,).
-    ``fast=None`` picks by model family."""
+    ``fast=None`` picks by model family. ``entropy=True``: shape (K, 2), column 1 the entropy of that distribution
+    at each position (exact, over the whole vocabulary; it carries grad like the log-probs)."""
     base = _unwrap(model)
     if fast is None:
         fast = getattr(base.config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
@@ -137,19 +138,23 @@ def _token_logprobs(model: torch.nn.Module, batch: _Batch, *, fast: bool | None 
     if temperature != 1.0:
         logits = logits / temperature
     logp = torch.log_softmax(logits, dim=-1)
-    return logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    picked = logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    if not entropy:
+        return picked
+    return torch.stack([picked, -(logp.exp() * logp).sum(-1)], dim=-1)
 
 
 def _run(
     model: torch.nn.Module, batches: list[tuple[list[tuple[int, int]], _Batch]], n_out: list[int], fast: bool | None,
-    temperature: float = 1.0,
+    temperature: float = 1.0, entropy: bool = False,
 ) -> list[list[torch.Tensor]]:
-    """Run micro-batches (each with its ``(group, completion)`` keys) and scatter results to ``out[g][i]``."""
+    """Run micro-batches (each with its ``(group, completion)`` keys) and scatter results to ``out[g][i]``
+    (each (n,), or (n, 2) with ``entropy``)."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 (the sampling temperature of the rollouts), got {temperature}")
     out: list[list[torch.Tensor | None]] = [[None] * n for n in n_out]
     for keys, batch in batches:
-        flat = _token_logprobs(model, batch, fast=fast, temperature=temperature)
+        flat = _token_logprobs(model, batch, fast=fast, temperature=temperature, entropy=entropy)
         for (g, i), piece in zip(keys, torch.split(flat, batch.lengths), strict=True):
             out[g][i] = piece
     return out  # type: ignore[return-value]
@@ -191,10 +196,11 @@ def _naive_batch(seqs: list[tuple[Sequence[int], Sequence[int]]], device) -> _Ba
 
 def naive_logprobs(
     model: torch.nn.Module, groups: Sequence[Group], *, token_budget: int | None = None, fast: bool | None = None,
-    temperature: float = 1.0,
+    temperature: float = 1.0, entropy: bool = False,
 ) -> list[list[torch.Tensor]]:
     """Per-token completion log-probs from one ``prompt + completion`` row per completion (the reference).
     ``temperature``: log-probs under ``softmax(logits / temperature)``, the distribution the rollouts sampled from.
+    ``entropy=True``: each completion's tensor is (n, 2), column 1 that distribution's entropy at each position.
 
     ``token_budget=None`` runs one micro-batch per group (N rows); an int packs rows of all groups into micro-batches
     of at most that many padded tokens. ``fast`` forces (True) or disables (False) the head-on-needed-positions path.
@@ -210,7 +216,7 @@ def naive_logprobs(
     else:
         plan = plan_microbatches([len(p) + len(c) for _, (p, c) in units], token_budget)
     batches = [([units[u][0] for u in mb], _naive_batch([units[u][1] for u in mb], device)) for mb in plan]
-    return _run(model, batches, [len(c) for _, c in groups], fast, temperature)
+    return _run(model, batches, [len(c) for _, c in groups], fast, temperature, entropy)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -277,12 +283,13 @@ def packed_logprobs(
     token_budget: int = DEFAULT_TOKEN_BUDGET,
     fast: bool | None = None,
     temperature: float = 1.0,
+    entropy: bool = False,
 ) -> list[list[torch.Tensor]]:
     """Per-token completion log-probs with each group packed into one row (see the module doc).
 
     Groups are batched up to ``token_budget`` padded tokens per micro-batch (``rows * max_len``); a group longer
     than the budget runs alone. The result has the structure of :func:`naive_logprobs` and equals it to float
-    rounding. ``fast`` and ``temperature`` as in :func:`naive_logprobs`.
+    rounding. ``fast``, ``temperature`` and ``entropy`` as in :func:`naive_logprobs`.
     """
     _check_groups(groups)
     _check_attention(model)
@@ -293,4 +300,4 @@ def packed_logprobs(
     for mb in plan:
         keys = [(g, i) for g in mb for i in range(len(groups[g][1]))]
         batches.append((keys, _packed_batch([groups[g] for g in mb], device, dtype)))
-    return _run(model, batches, [len(c) for _, c in groups], fast, temperature)
+    return _run(model, batches, [len(c) for _, c in groups], fast, temperature, entropy)

@@ -209,8 +209,10 @@ def _part(rows: list[Row], token_budget: int, distributed: Distributed) -> _Part
 
 
 def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], total_tokens: int, total_rows: int,
-              max_tokens: int, mismatch: list[dict[str, float]] | None = None) -> tuple[float, list[float]]:
+              max_tokens: int, mismatch: list[dict[str, float]] | None = None,
+              entropy_coef: float = 0.0) -> tuple[float, list[float]]:
     """Backward of one role's part of the adapter's loss (grads accumulate). Returns (loss part, clip fractions).
+    ``entropy_coef > 0`` adds the entropy bonus (``compilers.loss``) at that coefficient.
 
     Log-probs are under the sampling temperature, like the engine's. Rows whose engine log-probs are known get
     truncated importance weights (``config.importance_correction == "tis"``); the engine/trainer mismatch of each
@@ -219,10 +221,14 @@ def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], tot
     temperature = config.temperature
     for mb in part.plan:
         mb_groups = [part.groups[g] for g in mb]
-        lps = packed_logprobs(model, mb_groups, token_budget=1 << 30, temperature=temperature)
-        flat, flat_old, flat_engine, adv, weights = [], [], [], [], []
+        lps = packed_logprobs(model, mb_groups, token_budget=1 << 30, temperature=temperature,
+                              entropy=entropy_coef > 0)
+        flat, flat_old, flat_engine, adv, weights, flat_ent = [], [], [], [], [], []
         for g, group_lps in zip(mb, lps):
             for j, (i, t) in enumerate(zip(part.packs[g][1], _completion_logprobs(part, g, group_lps))):
+                if entropy_coef > 0:  # (n, 2): log-prob, entropy
+                    t, h = t[:, 0], t[:, 1]
+                    flat_ent.append(h)
                 flat.append(t)
                 old_t = part.old[g][j] if part.old else t.detach()
                 flat_old.append(old_t)
@@ -239,6 +245,7 @@ def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], tot
             mismatch.append(mismatch_stats(old_lp, engine_lp, mask, cap=config.tis_cap))
         iw = (truncated_importance_weights(old_lp, engine_lp, mask, cap=config.tis_cap)
               if config.importance_correction == "tis" else None)
+        ent = _pad(flat_ent)[0] if flat_ent else None
         ref = None
         if config.beta > 0:
             with torch.no_grad(), model.disable_adapter():
@@ -249,6 +256,7 @@ def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], tot
             clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high, ref_logprobs=ref, beta=config.beta,
             importance_weights=iw, weights=torch.tensor(weights, device=logprobs.device),
             max_tokens=max_tokens if config.loss_aggregation == "constant" else None,
+            entropy=ent, entropy_coef=entropy_coef,
         )
         # this micro-batch's share of the adapter's whole step: parts of all roles sum to the adapter's loss
         share = (int(mask.sum()) / total_tokens) if config.loss_aggregation == "token" else (len(flat) / total_rows)
@@ -261,12 +269,15 @@ def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], tot
 def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, config,
                    max_grad_norm: float | None = None, role_max_grad_norm: Mapping[str, float] | None = None,
                    row_weights: dict[str, float] | None = None,
-                   distributed: Distributed | None = None) -> dict[str, Any]:
+                   distributed: Distributed | None = None,
+                   entropy_coefs: Mapping[str, float] | None = None) -> dict[str, Any]:
     """One optimizer step of one adapter (already active and trainable) on its rows. Returns diagnostics.
 
     ``row_weights``: role -> multiplier on top of each row's own weight (role balancing). ``role_max_grad_norm``:
     role -> clip of that role's gradient contribution (roles absent: not clipped alone). ``max_grad_norm``: clip of
-    the summed gradient (default ``config.max_grad_norm``). Stats: ``rows``, ``trained_rows``, ``loss``,
+    the summed gradient (default ``config.max_grad_norm``). ``entropy_coefs``: role -> entropy-bonus coefficient
+    (``compilers.guards.entropy_bonus``); a role with one > 0 trains on all its rows, flat groups' included, since
+    the bonus has a gradient where the advantage is 0. Stats: ``rows``, ``trained_rows``, ``loss``,
     ``grad_norm`` (summed, before the final clip), ``clip_fraction``, and ``roles``: role -> ``grad_norm`` (its own
     contribution, before its clip, last epoch), ``clipped`` (its clip was active), ``rows``, ``trained_rows``;
     ``logprob_mismatch``: engine vs trainer log-probs of the trained rows (``compilers.offpolicy.mismatch_stats``).
@@ -281,7 +292,8 @@ def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, 
     total_tokens = sum(len(r.completion_ids) for r in rows)
     total_rows = len(rows)
     max_tokens = max(len(r.completion_ids) for r in rows)
-    live = [r for r in rows if r.advantage != 0.0] if config.beta == 0 else list(rows)
+    coefs = entropy_coefs or {}
+    live = [r for r in rows if r.advantage != 0.0 or config.beta > 0 or coefs.get(r.role, 0.0) > 0]
     stats["trained_rows"] = len(live)
     for r in rows:
         role = stats["roles"].setdefault(r.role, {"rows": 0, "trained_rows": 0, "grad_norm": 0.0, "clipped": False})
@@ -314,7 +326,8 @@ def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, 
             optimizer.zero_grad(set_to_none=True)
             loss, fracs = _backward(model, part, config=config, weight=weight, total_tokens=total_tokens,
                                     total_rows=total_rows, max_tokens=max_tokens,
-                                    mismatch=mismatch if epoch == 0 else None)
+                                    mismatch=mismatch if epoch == 0 else None,
+                                    entropy_coef=coefs.get(role, 0.0))
             if distributed.world > 1:  # sum this role's contribution over the ranks before its norm and clip
                 for p in params:
                     if p.grad is None:
@@ -344,7 +357,8 @@ def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, 
 
 def update(policy, optimizers: AdapterOptimizers, groups: Sequence[Group], role_adapters: dict[str, str], *,
            config, weights: Mapping[tuple, float] | None = None,
-           distributed: Distributed | None = None) -> dict[str, dict[str, Any]]:
+           distributed: Distributed | None = None,
+           entropy_coefs: Mapping[str, float] | None = None) -> dict[str, dict[str, Any]]:
     """One step for every adapter in play; each adapter trains only on its own roles' rows, with its own optimizer.
 
     ``weights``: fan-out row weights (``compilers.guards.fanout_weights``). With ``config.role_balance``, adapters
@@ -355,6 +369,7 @@ def update(policy, optimizers: AdapterOptimizers, groups: Sequence[Group], role_
     Runs under ``policy.training()`` (its lock: no colocated generation sees a half-updated adapter; bf16 autocast
     on CUDA), and bumps the policy's revision of every adapter the optimizer stepped: hand those to the engine.
     ``distributed``: the ranks sharing the backward; every rank passes the same (whole step's) ``groups``.
+    ``entropy_coefs``: role -> entropy-bonus coefficient (see :func:`update_adapter`).
     """
     rows = rows_from_groups(groups, role_adapters, weights=weights)
     unit = "rows" if config.loss_aggregation == "sequence" else "tokens"
@@ -369,7 +384,7 @@ def update(policy, optimizers: AdapterOptimizers, groups: Sequence[Group], role_
                       if config.role_clip else {})
             model.set_adapter(adapter)  # only this adapter is active and trainable
             st = update_adapter(model, optimizer, mine, config=config, role_max_grad_norm=limits, row_weights=balance,
-                                distributed=distributed)
+                                distributed=distributed, entropy_coefs=entropy_coefs)
             total, raw_total = sum(mass[r] * balance[r] for r in mass), sum(mass.values())
             for role in mass:
                 st["roles"].setdefault(role, {}).update(

@@ -10,7 +10,7 @@ from compilers import MMGRPO, mmgrpo
 from compilers.group import Group, Member
 from compilers.guards import (
     Cliff, adapter_learning_rates, balance_weights, capped_shares, check_role_keys, cohort_sizes, detect_cliff,
-    fanout_cohorts, fanout_weights, role_mass,
+    entropy_bonus, fanout_cohorts, fanout_weights, role_mass,
 )
 from compilers.update import Row
 from programs import Voting
@@ -195,9 +195,21 @@ def test_fanout_and_balance_show_in_the_step_log(engine, tmp_path):
     assert voter["fan_out"] == 3 and voter["fanout_weight"] == pytest.approx(1 / 3)
     assert aggregator["fan_out"] == 1 and aggregator["fanout_weight"] == 1.0
     assert step["guards"] == {"fanout_scaling": True, "role_balance": True, "role_share_cap": None, "role_clip": True,
-                              "cliff_guard": False}
+                              "cliff_guard": False, "entropy_floor": None}
+    assert voter["entropy_bonus"] == 0.0 and aggregator["entropy_bonus"] == 0.0
     if voter["mass_share_raw"] and aggregator["mass_share_raw"]:
         assert voter["mass_share"] == pytest.approx(0.5) and aggregator["mass_share"] == pytest.approx(0.5)
+
+
+def test_entropy_floor_shows_in_the_step_log(engine, tmp_path):
+    """A floor above any entropy the tiny model samples (it is near uniform over 49k tokens: ~10 nats) gives every
+    role the bonus; the log says so per role."""
+    compiled = MMGRPO(length_metric, **small(eval_every=0, entropy_floor=100.0, entropy_coef=0.05)).compile(
+        Voting(SIG, n=3), trainset=TRAIN, engine=engine, run_dir=tmp_path / "run", progress=False)
+    step = next(r for r in compiled.manifest.history if r["kind"] == "step")
+    assert step["guards"]["entropy_floor"] == 100.0
+    assert {r: s["entropy_bonus"] for r, s in step["roles"].items()} == {"voter": 0.05, "aggregator": 0.05}
+    assert all(0 < s["entropy"] < 100.0 for s in step["roles"].values())
 
 
 def test_cliff_rolls_back_to_the_exact_stored_weights(engine, tmp_path, monkeypatch):
@@ -284,3 +296,59 @@ def test_per_role_clipping_clips_each_contribution_before_summing(engine):
     assert torch.linalg.vector_norm(half - only_b) == pytest.approx(norm_a / 2, rel=1e-3)  # a's part clipped to c
     assert st_half["roles"]["a"]["clipped"]
     restore_adapter(model, "x", start)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Entropy floor
+
+
+@pytest.mark.parametrize("floor, coef, expected", [
+    # voter 0.08 and aggregator 0.35 nats per token (the demo's weak draw at step 6 had voters at 0.08)
+    (0.2, 0.1, {"voter": 0.1, "aggregator": 0.0}),
+    (0.5, 0.1, {"voter": 0.1, "aggregator": 0.1}),
+    (0.08, 0.1, {"voter": 0.0, "aggregator": 0.0}),  # at the floor is not below it
+    (None, 0.1, {"voter": 0.0, "aggregator": 0.0}),  # off
+    (0.2, 0.0, {"voter": 0.0, "aggregator": 0.0}),
+])
+def test_entropy_bonus_table(floor, coef, expected):
+    assert entropy_bonus({"voter": 0.08, "aggregator": 0.35}, floor=floor, coef=coef) == expected
+
+
+def test_entropy_bonus_rejects_bad_settings():
+    with pytest.raises(ValueError, match="coef must be >= 0"):
+        entropy_bonus({"voter": 0.1}, floor=0.2, coef=-0.1)
+    with pytest.raises(ValueError, match="floor must be >= 0"):
+        entropy_bonus({"voter": 0.1}, floor=-0.2, coef=0.1)
+
+
+def test_entropy_floor_raises_a_collapsed_roles_entropy(tiny_handle):
+    """On the tiny real model: one update on rows whose advantages are all 0 moves nothing without the bonus, and
+    with it raises the policy's entropy at the trained positions (the bonus's gradient acts where no reward
+    signal does)."""
+    import copy
+
+    from compilers.config import MMGRPOConfig
+    from compilers.packing import packed_logprobs
+    from compilers.update import AdapterOptimizers, update_adapter
+    from peft import get_peft_model
+
+    cfg = MMGRPOConfig(learning_rate=1e-2, temperature=1.0, lora={"r": 4, "alpha": 8})
+    model = get_peft_model(copy.deepcopy(tiny_handle.model), cfg.lora.peft_config())
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, 1000, (6,), generator=g).tolist()
+    rows = [Row(role="voter", adapter="default", prompt_ids=tuple(prompt),
+                completion_ids=torch.randint(0, 1000, (4,), generator=g).tolist(), advantage=0.0)
+            for _ in range(3)]
+
+    def mean_entropy():
+        with torch.no_grad():
+            out = packed_logprobs(model, [(prompt, [r.completion_ids for r in rows])], entropy=True)
+        return float(torch.cat([t[:, 1] for t in out[0]]).mean())
+
+    opt = AdapterOptimizers(model, ["default"], lr=cfg.learning_rate)
+    before = mean_entropy()
+    st = update_adapter(model, opt.optimizers["default"], rows, config=cfg)
+    assert st["trained_rows"] == 0 and mean_entropy() == before  # no advantage, no bonus: no update
+    st = update_adapter(model, opt.optimizers["default"], rows, config=cfg, entropy_coefs={"voter": 1.0})
+    assert st["trained_rows"] == 3
+    assert mean_entropy() > before + 1e-4

@@ -77,6 +77,7 @@ def test_clipped_loss_table_each_aggregation(aggregation, expected_loss, expecte
             "clip_high_fraction": 0.2,
             "ratio_mean": 1.0,
             "kl_mean": 0.0,
+            "entropy_mean": 0.0,
         }
     )
 
@@ -218,6 +219,34 @@ def test_kl_measured_with_zero_beta():
     assert stats["kl_mean"] == pytest.approx(1 - math.log(2))
 
 
+def test_entropy_bonus_value_and_grad():
+    # Two tokens of one row, on-policy (new = old = 0), A = 0: the policy term is 0 with grad 0.
+    # entropy (1.0, 0.5) at coef 0.1, token aggregation: loss = -0.1 * (1.0 + 0.5) / 2 = -0.075;
+    # d loss / d entropy_t = -0.1 / 2 = -0.05 on each token; row weight 2 doubles both; importance weight 0.25
+    # multiplies only the policy term, so the bonus is unchanged.
+    new = torch.zeros(1, 2, dtype=torch.float64, requires_grad=True)
+    ent = torch.tensor([[1.0, 0.5]], dtype=torch.float64, requires_grad=True)
+    args = (new, torch.zeros(1, 2, dtype=torch.float64), torch.zeros(1, dtype=torch.float64), torch.ones(1, 2))
+    for w, iw, scale in ((None, None, 1.0), (torch.tensor([2.0]), None, 2.0),
+                         (None, torch.full((1, 2), 0.25, dtype=torch.float64), 1.0)):
+        loss, stats = policy_loss(*args, entropy=ent, entropy_coef=0.1, weights=w, importance_weights=iw)
+        (g_new, g_ent) = torch.autograd.grad(loss, (new, ent))
+        assert loss.item() == pytest.approx(-0.075 * scale, abs=1e-12)
+        assert torch.allclose(g_ent, torch.full((1, 2), -0.05 * scale, dtype=torch.float64), atol=1e-12)
+        assert torch.all(g_new == 0)
+        assert stats["entropy_mean"] == pytest.approx(0.75, abs=1e-12)
+
+
+def test_entropy_measured_with_zero_coef_and_masked_padding():
+    # coef 0: the loss is the policy term alone (-A = -1); the mean entropy skips the padded (NaN) position
+    new = torch.zeros(1, 2, dtype=torch.float64, requires_grad=True)
+    ent = torch.tensor([[0.4, NAN]], dtype=torch.float64)
+    mask = torch.tensor([[True, False]])
+    loss, stats = policy_loss(new, new.detach(), torch.tensor([1.0], dtype=torch.float64), mask, entropy=ent)
+    assert loss.item() == -1.0 and stats["entropy_mean"] == pytest.approx(0.4)
+    assert policy_loss(new, new.detach(), torch.tensor([1.0], dtype=torch.float64), mask)[1]["entropy_mean"] == 0.0
+
+
 def test_importance_weights_scale_policy_term_per_token():
     # Weight 0.5 on row 0 token 1 (loss -1.0, grad -1.0) -> loss -0.5, grad -0.5; weight 0 on row 1 token 0 removes it.
     # token aggregation: row 0 sum -1.2 - 0.5 - 0.5 = -2.2; row 1: 0 + 1.6 = 1.6 -> (-2.2 + 1.6) / 5 = -0.12
@@ -291,6 +320,9 @@ def _ok():
         (dict(weights=torch.ones(3)), "one value per sequence"),
         (dict(importance_weights=torch.full((2, 3), -1.0)), "importance_weights"),
         (dict(ref_logprobs=torch.zeros(3, 3)), "align"),
+        (dict(entropy_coef=0.1), "needs entropy"),
+        (dict(entropy_coef=-0.1, entropy=torch.zeros(2, 3)), "entropy_coef must be >= 0"),
+        (dict(entropy=torch.zeros(2, 4)), "align"),
     ],
 )
 def test_user_mistakes_raise_value_error(change, match):

@@ -137,6 +137,27 @@ def test_temperature_scaled_logprobs_match_the_reference(tiny):
 
 
 @torch.no_grad()
+def test_entropy_of_each_position_matches_the_reference(tiny):
+    """With ``entropy=True`` column 0 is the log-prob as before and column 1 the entropy of softmax(logits / T) at
+    the position that predicts each completion token, packed or not."""
+    groups = _groups(2)
+    expected = []
+    for prompt, comps in groups:
+        row = []
+        for comp in comps:
+            logits = tiny(torch.tensor([prompt + comp])).logits[0] / 0.7
+            logp = torch.log_softmax(logits, -1)[len(prompt) - 1: len(prompt) - 1 + len(comp)]
+            row.append(-(logp.exp() * logp).sum(-1))
+        expected.append(row)
+    lps = _reference(tiny, groups, temperature=0.7)
+    for got in (packed_logprobs(tiny, groups, temperature=0.7, entropy=True),
+                naive_logprobs(tiny, groups, temperature=0.7, entropy=True)):
+        assert _max_diff([[t[:, 0] for t in row] for row in got], lps) < ATOL
+        assert _max_diff([[t[:, 1] for t in row] for row in got], expected) < ATOL
+    assert all(float(t.min()) > 0 for row in expected for t in row)  # a random model is far from one-hot
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("budget", [10_000, 20, 1])  # one micro-batch; several; one group each
 def test_packed_matches_naive(tiny, budget):
     groups = _groups()
