@@ -1,9 +1,10 @@
 """`make demo`: compile a Voting workflow on arithmetic word problems, on the embedded SmolLM2-135M (CPU).
 
-Recipe (``wide`` in compilers/recipes.py): mmGRPO on one shared LoRA adapter with verified per-role credit
+Recipe (``wide-warmup`` in compilers/recipes.py): mmGRPO on one shared LoRA adapter with verified per-role credit
 (voters on their own answers, the aggregator only when a voter was right), DAPO dynamic sampling (flat examples
 replaced, two draw rounds at most) and keep-best validation on 100 problems; 10 steps of 8 kept problems x 4
-rollouts, 12 new tokens per call, T=0.7, learning rate 6e-4; Voting(n=3, skip_unanimous=True). Every training call
+rollouts, 12 new tokens per call, T=0.7, learning rate 6e-4 reached over the first two steps (3e-4 at step 1);
+Voting(n=3, skip_unanimous=True). Every training call
 samples with its own seed, so a seed's run repeats (README, "Resume"). Prints the role
 graph, held-out accuracy on 300 problems before and after (with 95% intervals), saves the artifact, loads it back
 and answers one question. The measured variant that ends every answer at its first line (recipe ``finish``: 20
@@ -12,7 +13,7 @@ Figures and minutes measured on the 2-core CPU: README, "The demo's figures, per
 
 Environment: WFC_DEMO_SEED (default 0: training seed), WFC_DEMO_STEPS (default 10), WFC_DEMO_OUT (artifact dir),
 WFC_DEMO_RUN_DIR (default runs/demo-seed<SEED>: checkpoints, metrics.jsonl, summary.json),
-WFC_DEMO_RECIPE (default wide), WFC_DEMO_BACKEND (default shared: one LoRA for both roles; isolated: one each),
+WFC_DEMO_RECIPE (default wide-warmup), WFC_DEMO_BACKEND (default shared: one LoRA for both roles; isolated: one each),
 WFC_DEMO_ROLLOUT_DTYPE (default float32: one colocated model; bfloat16: a bf16 rollout engine beside the policy),
 WFC_DEMO_MODEL (default smollm2-135m: the embedded model; a wfc.models name or a local model directory).
 Flags for measured variants: ``--set KEY=VALUE`` (repeatable, a JSON value) overrides one recipe field,
@@ -47,7 +48,7 @@ logging.getLogger("dspy").setLevel(logging.ERROR)
 
 SIGNATURE = dspy.Signature("question -> answer", "Solve the math word problem. Answer with just the final number.")
 # compilers/recipes.py: the measured recipe behind the README figures (WFC_DEMO_RECIPE picks another one)
-RECIPE_NAME = os.environ.get("WFC_DEMO_RECIPE", "wide")
+RECIPE_NAME = os.environ.get("WFC_DEMO_RECIPE", "wide-warmup")
 RECIPE = get_recipe(RECIPE_NAME)
 STEPS = 10
 # every role's stop strings unless --stop / --no-stop say otherwise. None by default: `finish` with a newline stop

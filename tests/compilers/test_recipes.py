@@ -44,3 +44,9 @@ def test_wide_is_fast_with_twice_the_problems_at_the_same_rollouts():
     assert wide.pop("examples_per_step") * wide.pop("group_size") == fast.pop("examples_per_step") * fast.pop(
         "group_size") == 32
     assert wide == fast
+
+
+def test_wide_warmup_is_wide_with_the_rate_ramped_over_two_steps():
+    warm, wide = get_recipe("wide-warmup"), get_recipe("wide")
+    assert warm.pop("warmup_steps") == 2 and "warmup_steps" not in wide
+    assert warm == wide
