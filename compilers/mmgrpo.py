@@ -479,16 +479,18 @@ class MMGRPO:
             weights = fanout_weights(groups) if cfg.fanout_scaling else {}
             graphs = [g for gs in rollouts for g in gs]
             per_role = _role_stats(graphs, groups)  # of the rollouts, so before the update
-            bonus = entropy_bonus({r: s["entropy"] for r, s in per_role.items()}, floor=cfg.entropy_floor,
-                                  coef=cfg.entropy_coef)
+            # roles whose engine reported no log-probs (a scripted engine) have no measured entropy: no bonus
+            measured = {c.role for g in graphs for c in g.calls if c.logprobs_known and c.logprobs}
+            bonus = entropy_bonus({r: s["entropy"] for r, s in per_role.items() if r in measured},
+                                  floor=cfg.entropy_floor, coef=cfg.entropy_coef)
             upd = update(policy, optimizers, groups, role_adapters, config=cfg, weights=weights,
                          distributed=distributed, entropy_coefs=bonus)
             t_sync = time.time()
             hand_off()  # adapter-only hand-off of what the step changed (a no-op where rollouts share the model)
             t_sync = time.time() - t_sync
             st.current = step
-            for role, coef in bonus.items():
-                per_role[role]["entropy_bonus"] = coef
+            for role in per_role:
+                per_role[role]["entropy_bonus"] = bonus.get(role, 0.0)
             _add_guard_stats(per_role, groups, weights, upd, role_adapters, optimizers)
             record = {
                 "kind": "step", "step": step,

@@ -13,7 +13,7 @@ from compilers.guards import (
     entropy_bonus, fanout_cohorts, fanout_weights, role_mass,
 )
 from compilers.update import Row
-from programs import Voting
+from programs import Single, Voting
 from wfc.artifact import adapter_state, restore_adapter
 from wfc.rollout import CallNode
 from tiny_setup import SIG, TRAIN, length_metric, tiny_config
@@ -210,6 +210,20 @@ def test_entropy_floor_shows_in_the_step_log(engine, tmp_path):
     assert step["guards"]["entropy_floor"] == 100.0
     assert {r: s["entropy_bonus"] for r, s in step["roles"].items()} == {"voter": 0.05, "aggregator": 0.05}
     assert all(0 < s["entropy"] < 100.0 for s in step["roles"].values())
+
+
+def test_entropy_floor_gives_no_bonus_where_the_engine_measured_no_entropy(tmp_path):
+    """A scripted engine reports no log-probs, so its rows' sampled entropy is unknown (logged as 0.0): the floor
+    must not read that as a collapse."""
+    from wfc.engines.fake import ScriptedEngine
+    from wfc.policy import Policy
+
+    policy = Policy("tiny", device="cpu")
+    engine = ScriptedEngine(lambda request: "[[ ## answer ## ]]\nseven", tokenizer=policy.tokenizer)
+    compiled = MMGRPO(length_metric, **small(eval_every=0, entropy_floor=100.0)).compile(
+        Single(SIG), trainset=TRAIN, engine=engine, policy=policy, run_dir=tmp_path / "run", progress=False)
+    step = next(r for r in compiled.manifest.history if r["kind"] == "step")
+    assert {r: s["entropy_bonus"] for r, s in step["roles"].items()} == {"solver": 0.0}
 
 
 def test_cliff_rolls_back_to_the_exact_stored_weights(engine, tmp_path, monkeypatch):
