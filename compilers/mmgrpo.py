@@ -124,7 +124,7 @@ def evaluate(program: dspy.Module, examples: Sequence, engine, *, metric: Callab
 
 def _role_stats(graphs: list[RolloutGraph], groups: list[Group]) -> dict[str, dict[str, float]]:
     """Per role: calls, tokens, token share, reward mean/spread, no-signal group rate, format-error rate, truncated
-    rate, entropy."""
+    rate, entropy (and whether it was measured: the engine reported log-probs)."""
     out: dict[str, dict[str, float]] = {}
     calls = [c for g in graphs for c in g.calls]
     total_tokens = sum(len(c.completion_ids) for c in calls) or 1
@@ -145,6 +145,7 @@ def _role_stats(graphs: list[RolloutGraph], groups: list[Group]) -> dict[str, di
             "truncated_rate": sum(c.finish_reason == "length" for c in mine) / max(len(mine), 1),
             # Monte-Carlo estimate of the sampling entropy: mean negative log-prob of the sampled tokens.
             "entropy": -statistics.fmean(sampled) if sampled else 0.0,
+            "entropy_measured": bool(sampled),  # False: the engine reported no log-probs (entropy 0.0 says nothing)
         }
     return out
 
@@ -479,9 +480,8 @@ class MMGRPO:
             weights = fanout_weights(groups) if cfg.fanout_scaling else {}
             graphs = [g for gs in rollouts for g in gs]
             per_role = _role_stats(graphs, groups)  # of the rollouts, so before the update
-            # roles whose engine reported no log-probs (a scripted engine) have no measured entropy: no bonus
-            measured = {c.role for g in graphs for c in g.calls if c.logprobs_known and c.logprobs}
-            bonus = entropy_bonus({r: s["entropy"] for r, s in per_role.items() if r in measured},
+            # a role whose engine reported no log-probs (a scripted engine) has no measured entropy: no bonus
+            bonus = entropy_bonus({r: s["entropy"] for r, s in per_role.items() if s["entropy_measured"]},
                                   floor=cfg.entropy_floor, coef=cfg.entropy_coef)
             upd = update(policy, optimizers, groups, role_adapters, config=cfg, weights=weights,
                          distributed=distributed, entropy_coefs=bonus)

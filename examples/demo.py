@@ -4,10 +4,9 @@ Recipe (``wide-warmup`` in compilers/recipes.py): mmGRPO on one shared LoRA adap
 (voters on their own answers, the aggregator only when a voter was right), DAPO dynamic sampling (flat examples
 replaced, two draw rounds at most) and keep-best validation on 100 problems; 10 steps of 8 kept problems x 4
 rollouts, 12 new tokens per call, T=0.7, learning rate 6e-4 reached over the first two steps (3e-4 at step 1);
-Voting(n=3, skip_unanimous=True). Every training call
-samples with its own seed, so a seed's run repeats (README, "Resume"). Prints the role
-graph, held-out accuracy on 300 problems before and after (with 95% intervals), saves the artifact, loads it back
-and answers one question. The measured variant that ends every answer at its first line (recipe ``finish``: 20
+Voting(n=3, skip_unanimous=True). Every training call samples with its own seed, so a seed's run repeats (README,
+"Resume"). Prints the role graph, held-out accuracy on 300 problems before and after (with 95% intervals), saves
+the artifact, loads it back and answers one question. The measured variant that ends every answer at its first line (recipe ``finish``: 20
 tokens, penalty 0.2 on cut calls) is ``WFC_DEMO_RECIPE=finish python examples/demo.py --stop '\\n'``.
 Figures and minutes measured on the 2-core CPU: README, "The demo's figures, per seed".
 
