@@ -6,8 +6,9 @@ replaced, two draw rounds at most) and keep-best validation on 100 problems; 10 
 rollouts, 12 new tokens per call, T=0.7, learning rate 6e-4 reached over the first two steps (3e-4 at step 1);
 Voting(n=3, skip_unanimous=True). Every training call samples with its own seed, so a seed's run repeats (README,
 "Resume"). Prints the role graph, held-out accuracy on 300 problems before and after (with 95% intervals), saves
-the artifact, loads it back and answers one question. The measured variant that ends every answer at its first line (recipe ``finish``: 20
-tokens, penalty 0.2 on cut calls) is ``WFC_DEMO_RECIPE=finish python examples/demo.py --stop '\\n'``.
+the artifact, loads it back and answers one question. The measured variant that ends every answer at its first
+line (recipe ``finish``: 20 tokens, penalty 0.2 on cut calls) is ``WFC_DEMO_RECIPE=finish python examples/demo.py
+--stop '\\n'``.
 Figures and minutes measured on the 2-core CPU: README, "The demo's figures, per seed".
 
 Environment: WFC_DEMO_SEED (default 0: training seed), WFC_DEMO_STEPS (default 10), WFC_DEMO_OUT (artifact dir),
