@@ -40,8 +40,9 @@ override any field: ``MMGRPO(metric, **{**RECIPES["better-together"], "steps": 2
   answer form was set by step 5. Measured on the demo (seeded; seeds 0 / 1 / 2 / 3): +0.507 / +0.410 / +0.373 /
   +0.540, mean +0.458, against ``wide``'s +0.400 / +0.507 / +0.170: the first recipe whose every seed gains 35 points
   (README, "The demo's figures, per seed"). All four were still climbing at step 10; run to 14 steps (the demo's
-  ``WFC_DEMO_STEPS=14``) they gain +0.507 / +0.530 / +0.460 / +0.540, within 5 points of their mean (+0.509); a
-  higher rate in 10 steps instead (9e-4 after a 3-step ramp) made the weak draw worse (+0.223).
+  ``WFC_DEMO_STEPS=14``) they gain +0.507 / +0.530 / +0.460 / +0.540, within 5 points of their mean (+0.509; a second
+  seed-0 draw, from a fresh clone: +0.563), where 10 steps spread 17 points; a higher rate in 10 steps instead (9e-4
+  after a 3-step ramp) made the weak draw worse (+0.223).
 - ``better-together``: bootstrap two demonstrations per role from the program's own passing runs (prompt
   optimization), then ``weights-only``.
 - ``prompts-only``: the demos without any training (prompt optimization alone).
