@@ -1,10 +1,10 @@
 """Does compiling earn its keep? The demo recipe against the simple alternatives, over seeds, at an equal budget.
 
 Arms (each a fresh engine on the embedded model, the demo's task and held-out split):
-- ``workflow``: Voting (n=3) compiled with the demo's recipe (``examples/demo.py``'s ``RECIPE``, ``fast`` unless
-  ``WFC_DEMO_RECIPE`` names another) — what ``make demo`` runs. With ``--reuse-demo`` the arm is read from
-  ``runs/demo-seed<S>/summary.json`` + ``metrics.jsonl`` (a finished
-  ``make demo`` / ``WFC_DEMO_SEED=S python examples/demo.py`` run) instead of run again.
+- ``workflow``: Voting (n=3) compiled with the demo's recipe (``examples/demo.py``'s ``RECIPE``: ``wide-warmup``
+  unless ``WFC_DEMO_RECIPE`` names another) for the demo's ``STEPS`` unless ``--steps`` says otherwise: what ``make
+  demo`` runs. With ``--reuse-demo`` the arm is read from ``runs/demo-seed<S>/summary.json`` + ``metrics.jsonl`` (a
+  finished ``make demo`` / ``WFC_DEMO_SEED=S python examples/demo.py`` run) instead of run again.
 - ``single``: single-role GRPO on ``Single`` with the workflow's recipe, stopped at the same number of rollout
   completion tokens as the workflow arm of the same seed (``max_rollout_tokens``).
 - ``single_pw``: ``Single`` with the ``better-together`` recipe at the same budget (the strongest one-role rival).

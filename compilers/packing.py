@@ -32,13 +32,15 @@ from dataclasses import dataclass
 
 import torch
 
+from wfc.attention import GQA_SDPA
+
 Group = tuple[Sequence[int], Sequence[Sequence[int]]]
 
 DEFAULT_TOKEN_BUDGET = 8192
 # Families whose CausalLM head is `lm_head(hidden)` with no scaling or soft-capping afterwards.
 PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3", "phi3"})
 # Attention implementations that take an arbitrary 4-D additive mask as given.
-MASKABLE_ATTENTION = frozenset({"sdpa", "eager"})
+MASKABLE_ATTENTION = frozenset({"sdpa", "eager", GQA_SDPA})
 
 
 def rho(P: int, R: float, N: int) -> float:

@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
+from wfc.attention import use_gqa_sdpa
 from wfc.engines.base import AdapterRevision
 from wfc.models import ModelHandle, load_model
 
@@ -91,6 +92,9 @@ class Policy:
         self.model: Any = self.handle.model
         if any(p.device != self.device or p.dtype != self.dtype for p in self.model.parameters()):
             self.model.to(device=self.device, dtype=self.dtype)
+        # on the CPU, grouped key/value heads broadcast inside SDPA rather than copied per layer: same outputs,
+        # faster decode (wfc/attention.py)
+        use_gqa_sdpa(self.model, self.device)
         self.gradient_checkpointing = gradient_checkpointing
         if gradient_checkpointing:  # active only in training mode (see training()); non-reentrant: no input grads
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
