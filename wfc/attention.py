@@ -56,7 +56,7 @@ def register() -> None:
 
 
 def use_gqa_sdpa(model: torch.nn.Module, device: torch.device | str) -> bool:
-    """Switch ``model`` (a transformers model, not yet peft-wrapped or wrapped: its base model is used) to
+    """Switch ``model`` (a transformers model, or a peft model wrapping one: its base model is switched) to
     :data:`GQA_SDPA` when it runs on the CPU with ``sdpa``; returns whether it did. Anything else (eager, flash,
     CUDA) is left as it is."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
