@@ -25,10 +25,12 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 
 def _copied(q, k, v, mask):
+    """What transformers' ``sdpa`` does on the CPU with a mask: its own ``repeat_kv``, then the kernel."""
+    from transformers.models.llama.modeling_llama import repeat_kv
+
     groups = q.shape[1] // k.shape[1]
-    b, h, t, d = k.shape
-    k, v = (x[:, :, None].expand(b, h, groups, t, d).reshape(b, h * groups, t, d) for x in (k, v))
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return torch.nn.functional.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups),
+                                                            attn_mask=mask)
 
 
 def _broadcast(q, k, v, mask):

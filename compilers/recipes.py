@@ -35,8 +35,9 @@ override any field: ``MMGRPO(metric, **{**RECIPES["better-together"], "steps": 2
   to +0.35 for ``fast``; the weak draw's voters lose their entropy by step 6 (README, "The demo's figures, per seed").
 - ``wide-warmup``: ``wide`` with the learning rate ramped over the first two steps (3e-4, then 6e-4); what ``make
   demo`` runs (14 steps since stop 32: +0.510 / +0.557 / +0.460 on seeds 0 / 1 / 2, each within 5 points of the
-  mean; 9m41s from a fresh clone on stop 32's machine). Why: AdamW's first steps move every LoRA weight by about the full rate whatever its gradient (the
-  first step is the rate times the gradient's sign, before the second moments average anything), so the first
+  mean; 9m41s from a fresh clone on stop 32's machine). Why: AdamW's first steps move every LoRA weight by about the
+  full rate whatever its gradient (the first step is the rate times the gradient's sign, before the second moments
+  average anything), so the first
   updates, taken on 8 problems' noisy gradients, steer hardest; on the demo's weak draw (``wide``, seed 2) the voters'
   answer form was set by step 5. Measured on the demo (seeded; seeds 0 / 1 / 2 / 3): +0.507 / +0.410 / +0.373 /
   +0.540, mean +0.458, against ``wide``'s +0.400 / +0.507 / +0.170: the first recipe whose every seed gains 35 points
