@@ -56,11 +56,15 @@ def register() -> None:
 
 
 def use_gqa_sdpa(model: torch.nn.Module, device: torch.device | str) -> bool:
-    """Switch ``model`` (a transformers model; for a peft model pass its base model) to :data:`GQA_SDPA` when it runs
-    on the CPU with ``sdpa``; returns whether it did. Anything else (eager, flash, CUDA) is left as it is."""
-    config = getattr(model, "config", None)
+    """Switch ``model`` (a transformers model, or a peft model wrapping one: its base model is switched) to
+    :data:`GQA_SDPA` when it runs on the CPU with ``sdpa``; returns whether it did. Anything else (eager, flash,
+    CUDA) is left as it is."""
+    # by the wrapper's own method: a handle's model that a policy already wrapped carries ``peft_config`` itself,
+    # so Policy.base_model's test would take it for the wrapper
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
     if torch.device(device).type != "cpu" or getattr(config, "_attn_implementation", None) != "sdpa":
         return False
     register()
-    model.set_attn_implementation(GQA_SDPA)
+    base.set_attn_implementation(GQA_SDPA)
     return config._attn_implementation == GQA_SDPA

@@ -94,7 +94,7 @@ class Policy:
             self.model.to(device=self.device, dtype=self.dtype)
         # on the CPU, grouped key/value heads broadcast inside SDPA rather than copied per layer: same outputs,
         # faster decode (wfc/attention.py)
-        use_gqa_sdpa(self.base_model, self.device)
+        use_gqa_sdpa(self.model, self.device)
         self.gradient_checkpointing = gradient_checkpointing
         if gradient_checkpointing:  # active only in training mode (see training()); non-reentrant: no input grads
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
