@@ -39,6 +39,10 @@ Group = tuple[Sequence[int], Sequence[Sequence[int]]]
 DEFAULT_TOKEN_BUDGET = 8192
 # Families whose CausalLM head is `lm_head(hidden)` with no scaling or soft-capping afterwards.
 PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3", "phi3"})
+# Row length at which a packed row's attention costs as much as the rest of its forward + backward: fitted on the
+# 2-core CPU with SmolLM2-135M + LoRA at 2,048 tokens a step, rows of 256 to 2,048 tokens (6.1 s to 12.0 s;
+# benchmarks/bench_pack_cost.py). Prices merging distinct prompts into one row (compilers.update._packs).
+ATTENTION_TOKENS = 1600.0
 # Attention implementations that take an arbitrary 4-D additive mask as given.
 MASKABLE_ATTENTION = frozenset({"sdpa", "eager", GQA_SDPA})
 
@@ -52,29 +56,48 @@ def rho(P: int, R: float, N: int) -> float:
     return N * (P + R) / (P + N * R)
 
 
+def row_cost(tokens: int, attention_tokens: float | None = ATTENTION_TOKENS) -> float:
+    """Relative forward + backward time of one packed row of ``tokens`` tokens: ``T + T^2 / attention_tokens``
+    (``None``: ``T``). The linear term is the layers' per-token work, the quadratic one attention over the row under
+    its 4-D mask. Only ratios matter: it ranks ways of packing the same rows."""
+    if tokens < 0:
+        raise ValueError(f"row_cost needs tokens >= 0, got {tokens}")
+    if attention_tokens is None:
+        return float(tokens)
+    if attention_tokens <= 0:
+        raise ValueError(f"attention_tokens must be > 0 (or None: attention free), got {attention_tokens}")
+    return tokens + tokens * tokens / attention_tokens
+
+
 def packed_length(group: Group) -> int:
     """Tokens in the packed row of ``group``: ``P + sum R_i``."""
     prompt, completions = group
     return len(prompt) + sum(len(c) for c in completions)
 
 
-def plan_microbatches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+def plan_microbatches(lengths: Sequence[int], token_budget: int, *, min_fill: float = 0.0) -> list[list[int]]:
     """Split rows of the given lengths into micro-batches of at most ``token_budget`` padded tokens each.
 
     The cost of a micro-batch is ``rows * max_len`` (rows are padded to the longest). Rows are taken longest first,
-    so rows of similar length share a batch; a row longer than the budget gets a micro-batch of its own. Returns
-    lists of indices into ``lengths``; every index appears exactly once.
+    so rows of similar length share a batch; a row longer than the budget gets a micro-batch of its own. A row joins
+    the current batch only if it is at least ``min_fill`` x that batch's longest row (0: any row that fits), which
+    bounds each row's padding at ``1 - min_fill`` of its padded width. Returns lists of indices into ``lengths``;
+    every index appears exactly once.
     """
     if not isinstance(token_budget, int) or token_budget < 1:
         raise ValueError(f"token_budget must be a positive int (tokens per micro-batch), got {token_budget!r}")
+    if not 0.0 <= min_fill <= 1.0:
+        raise ValueError(f"min_fill must be in [0, 1] (share of the longest row's width), got {min_fill!r}")
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
     for i in order:
         # Longest first: the first row of the current batch is its max length.
-        if batches and (len(batches[-1]) + 1) * max(lengths[batches[-1][0]], 1) <= token_budget:
-            batches[-1].append(i)
-        else:
-            batches.append([i])
+        if batches:
+            longest = max(lengths[batches[-1][0]], 1)
+            if (len(batches[-1]) + 1) * longest <= token_budget and lengths[i] >= min_fill * longest:
+                batches[-1].append(i)
+                continue
+        batches.append([i])
     return batches
 
 

@@ -44,7 +44,12 @@ from compilers.group import Group
 from compilers.guards import balance_weights, member_key, role_mass
 from compilers.loss import policy_loss
 from compilers.offpolicy import merge_mismatch, mismatch_stats, truncated_importance_weights
-from compilers.packing import packed_length, packed_logprobs, plan_microbatches
+from compilers.packing import ATTENTION_TOKENS, packed_length, packed_logprobs, plan_microbatches, row_cost
+
+# A pack joins a micro-batch only when it is at least this share of the batch's longest pack: the quadratic cost
+# merges a step's aggregator rows into packs of a few hundred tokens plus a short remainder, which padded to the
+# longest would waste a fifth of the batch (benchmarks/bench_pack_cost.py).
+MIN_FILL = 0.75
 
 
 @dataclass
@@ -149,7 +154,8 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def _packs(rows: list[Row], *, min_shared: int = 16) -> list[tuple[tuple[int, ...], list[int]]]:
+def _packs(rows: list[Row], *, min_shared: int = 16,
+           attention_tokens: float | None = ATTENTION_TOKENS) -> list[tuple[tuple[int, ...], list[int]]]:
     """Rows -> packs ``(shared prefix ids, row indices)``.
 
     Rows with equal prompts share a pack (a GRPO group's members, a fan-out role's calls). Rows whose prompts differ
@@ -158,13 +164,17 @@ def _packs(rows: list[Row], *, min_shared: int = 16) -> list[tuple[tuple[int, ..
     turn. Each row then keeps its own prompt *tail* (the tokens after the prefix) in front of its completion; the
     packed mask lets a segment see the prefix and its own past only, so its completion's log-probs are exactly those
     of its own full prompt (:func:`_completion_logprobs` drops the tail's positions). Prompts merge when they share
-    at least ``min_shared`` tokens and the merged row is shorter than the rows apart. Deterministic: packs follow the sorted order of the prompts."""
+    at least ``min_shared`` tokens and the merged row costs less than the rows apart, a row of ``T`` tokens costing
+    :func:`compilers.packing.row_cost` ``T + T^2 / attention_tokens`` (``None``: ``T``). The quadratic term stops a
+    step's aggregator rows, which all share the system turn, from merging into one row of thousands of tokens that
+    runs slower than the rows apart. Deterministic: packs follow the sorted order of the prompts."""
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for i, r in enumerate(rows):
         by_prompt.setdefault(r.prompt_ids, []).append(i)
 
-    def cost(prefix_len: int, idx: list[int]) -> int:  # packed tokens of one pack
-        return prefix_len + sum(len(rows[i].prompt_ids) - prefix_len + len(rows[i].completion_ids) for i in idx)
+    def cost(prefix_len: int, idx: list[int]) -> float:  # of one pack's row
+        tokens = prefix_len + sum(len(rows[i].prompt_ids) - prefix_len + len(rows[i].completion_ids) for i in idx)
+        return row_cost(tokens, attention_tokens)
 
     packs: list[tuple[tuple[int, ...], list[int]]] = []
     for prompt in sorted(by_prompt):  # prompts with a common prefix sort next to each other
@@ -205,7 +215,8 @@ def _part(rows: list[Row], token_budget: int, distributed: Distributed) -> _Part
     """``rows``' packs (this rank's contiguous shard of them), their packed groups and micro-batch plan."""
     packs = distributed.shard(_packs(rows))
     groups = [(list(p), [_tail(rows[i], p) + rows[i].completion_ids for i in idx]) for p, idx in packs]
-    return _Part(rows, packs, groups, plan_microbatches([packed_length(g) for g in groups], token_budget), {})
+    plan = plan_microbatches([packed_length(g) for g in groups], token_budget, min_fill=MIN_FILL)
+    return _Part(rows, packs, groups, plan, {})
 
 
 def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], total_tokens: int, total_rows: int,

@@ -87,6 +87,17 @@ def test_plan_microbatches_respects_budget_and_covers_all():
         plan_microbatches(lengths, 0)
 
 
+def test_plan_microbatches_min_fill_bounds_padding():
+    lengths = [746, 700, 640, 600, 365]  # a step's aggregator packs under the quadratic cost
+    assert plan_microbatches(lengths, 4096) == [[0, 1, 2, 3, 4]]  # 5 x 746 = 3,730 padded tokens for 3,051
+    assert plan_microbatches(lengths, 4096, min_fill=0.75) == [[0, 1, 2, 3], [4]]  # 600 >= 559.5 > 365
+    assert plan_microbatches(lengths, 4096, min_fill=1.0) == [[0], [1], [2], [3], [4]]
+    assert plan_microbatches([5, 5, 5], 100, min_fill=1.0) == [[0, 1, 2]]  # equal rows still share
+    for fill in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="min_fill"):
+            plan_microbatches(lengths, 4096, min_fill=fill)
+
+
 def test_packed_mask_pattern():
     seg = torch.tensor([[0, 0, 1, 1, 2, -1]])  # prompt of 2, completions of 2 and 1, one pad
     allowed = packed_mask(seg, torch.float32)[0, 0] == 0

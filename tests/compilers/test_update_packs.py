@@ -12,6 +12,7 @@ from peft import LoraConfig, get_peft_model
 
 import compilers.update as update_mod
 from compilers.config import MMGRPOConfig
+from compilers.packing import row_cost
 from compilers.update import Row, _packs, update_adapter
 
 
@@ -35,6 +36,31 @@ def test_prompts_with_a_long_common_prefix_share_a_pack():
     assert shared == rows[0].prompt_ids[:40] and sorted(next(i for p, i in packs if p == shared)) == [0, 1, 2, 3]
     assert _packs(rows, min_shared=10**9) == [(p, i) for p, i in sorted(
         {r.prompt_ids: [j for j, s in enumerate(rows) if s.prompt_ids == r.prompt_ids] for r in rows}.items())]
+
+
+# Hand-worked: a 20-token prefix, three prompts with 10-token tails, one 10-token completion each. Apart a row is
+# 40 tokens; two merged 20 + 2 * 20 = 60; three 80. With cost T + T^2 / K: two merge iff 60 + 3600/K < 2(40 + 1600/K),
+# i.e. K > 20; the third joins iff 80 + 6400/K < (60 + 3600/K) + (40 + 1600/K), i.e. K > 60.
+@pytest.mark.parametrize("attention_tokens, sizes", [(None, [3]), (100, [3]), (40, [2, 1]), (10, [1, 1, 1])])
+def test_merging_stops_where_attention_costs_more_than_the_prefix_saves(attention_tokens, sizes):
+    prefix = tuple(range(1000, 1020))
+    rows = [Row("a", "aggregator", prefix + tuple(range(k * 100, k * 100 + 10)), list(range(10)), 1.0)
+            for k in range(3)]
+    packs = _packs(rows, attention_tokens=attention_tokens)
+    assert [len(idx) for _, idx in packs] == sizes
+    assert sorted(i for _, idx in packs for i in idx) == [0, 1, 2]
+    assert all(p == (prefix if len(idx) > 1 else rows[idx[0]].prompt_ids) for p, idx in packs)
+
+
+def test_row_cost_table():
+    assert row_cost(40, None) == 40
+    assert row_cost(40, 40) == 80  # 40 + 1600 / 40
+    assert row_cost(1600, 1600) == 3200  # attention costs as much as the rest at ATTENTION_TOKENS
+    assert row_cost(0) == 0
+    with pytest.raises(ValueError, match="attention_tokens"):
+        row_cost(10, 0)
+    with pytest.raises(ValueError, match="tokens >= 0"):
+        row_cost(-1)
 
 
 @pytest.mark.parametrize("aggregation", ["token", "sequence"])
