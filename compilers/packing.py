@@ -40,8 +40,9 @@ DEFAULT_TOKEN_BUDGET = 8192
 # Families whose CausalLM head is `lm_head(hidden)` with no scaling or soft-capping afterwards.
 PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3", "phi3"})
 # Row length at which a packed row's attention costs as much as the rest of its forward + backward: fitted on the
-# 2-core CPU with SmolLM2-135M + LoRA at 2,048 tokens a step, rows of 256 to 2,048 tokens (6.1 s to 12.0 s;
-# benchmarks/bench_pack_cost.py). Prices merging distinct prompts into one row (compilers.update._packs).
+# 2-core CPU with SmolLM2-135M + LoRA at 2,048 tokens a step in rows of 256 to 2,048 tokens (6.0 s to 12.1 s), three
+# runs giving 1,512 to 1,596 (benchmarks/bench_pack_cost.py). Prices merging distinct prompts into one row
+# (compilers.update._packs); it decides where packs end, so changing it changes a run's float rounding.
 ATTENTION_TOKENS = 1600.0
 # Attention implementations that take an arbitrary 4-D additive mask as given.
 MASKABLE_ATTENTION = frozenset({"sdpa", "eager", GQA_SDPA})
