@@ -30,13 +30,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
 
-def _policy(model: str):
+def _engine(model: str):
+    """An HF engine whose policy carries the demo's LoRA (r=16, all linear layers) as ``shared``."""
     from compilers.config import LoraSettings
-    from wfc.policy import Policy
+    from wfc.engines.hf import HFEngine
 
-    policy = Policy(model)
-    policy.add_adapter("shared", LoraSettings().peft_config())
-    return policy
+    engine = HFEngine(model)
+    engine.policy.add_adapter("shared", LoraSettings().peft_config())
+    return engine
 
 
 def fit(policy, total: int, repeats: int) -> float:
@@ -69,34 +70,35 @@ def fit(policy, total: int, repeats: int) -> float:
     return fitted
 
 
-def aggregator_rows(policy, examples: int) -> list:
+def aggregator_rows(engine, examples: int) -> list:
+    """The rows the update gets for the aggregator calls of ``examples`` demo problems: the prompt ids the engine
+    conditions on (``HFEngine.encode_prompt``), random 12-token completions and +-1 advantages."""
     import demo
     from compilers.update import Row
     from wfc.adapter import CompactChatAdapter
 
     rng = random.Random(1)
-    tok, adapter = policy.tokenizer, CompactChatAdapter()
+    vocab, adapter = engine.tokenizer.vocab_size, CompactChatAdapter()
     signature = demo.program().aggregator.signature
     rows = []
     for i, ex in enumerate(demo.demo_task().trainset[:examples]):
         for j in range(2):
             inputs = {"question": ex.question, "candidates": [f"{i + j} apples", f"{2 * i + j}", f"{j + 7}"]}
-            messages = adapter.format(signature, demos=[], inputs=inputs)
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            prompt = tuple(tok(text, add_special_tokens=False)["input_ids"])
-            rows.append(Row("shared", "aggregator", prompt, [rng.randrange(5, tok.vocab_size) for _ in range(12)],
+            prompt = tuple(engine.encode_prompt(adapter.format(signature, demos=[], inputs=inputs)))
+            rows.append(Row("shared", "aggregator", prompt, [rng.randrange(5, vocab) for _ in range(12)],
                             rng.choice([-1.0, 1.0])))
     return rows
 
 
-def aggregator_step(policy, examples: int, repeats: int) -> dict[str, float]:
+def aggregator_step(engine, examples: int, repeats: int) -> dict[str, float]:
     import compilers.update as update_mod
     from compilers.config import MMGRPOConfig
     from compilers.packing import plan_microbatches
     from compilers.recipes import get_recipe
     from compilers.update import AdapterOptimizers, update_adapter
 
-    rows = aggregator_rows(policy, examples)
+    policy = engine.policy
+    rows = aggregator_rows(engine, examples)
     recipe = get_recipe("wide-warmup")
     config = MMGRPOConfig(**{k: v for k, v in recipe.items() if k in MMGRPOConfig.model_fields})
     original, fill = update_mod._packs, update_mod.MIN_FILL
@@ -137,9 +139,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args(argv)
     torch.manual_seed(0)
-    policy = _policy(args.model)
-    fit(policy, args.tokens, args.repeats)
-    aggregator_step(policy, args.examples, args.repeats)
+    engine = _engine(args.model)
+    fit(engine.policy, args.tokens, args.repeats)
+    aggregator_step(engine, args.examples, args.repeats)
 
 
 if __name__ == "__main__":
