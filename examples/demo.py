@@ -39,6 +39,7 @@ import wfc
 from compilers import MMGRPO, evaluate
 from compilers.recipes import get_recipe
 from programs import Voting
+from programs.calculator import Calculate, with_calculator
 from wfc.engines.hf import HFEngine
 from wfc.rolegraph import RoleGraph
 from wfc.tasks import get_task
@@ -80,16 +81,25 @@ def stop_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     return () if args.no_stop else STOP if args.stop is None else decode_stop(args.stop)
 
 
-def predictor(stop: tuple[str, ...] = ()):
-    """The predictor class of every role: ``dspy.Predict``, stopping at ``stop`` when given (each predictor's DSPy
-    config, which travels in the artifact)."""
-    return functools.partial(dspy.Predict, stop=tuple(stop)) if stop else dspy.Predict
+def predictor(stop: tuple[str, ...] = (), cls: type[dspy.Predict] = dspy.Predict):
+    """The predictor class of every role: ``cls`` (``dspy.Predict``), stopping at ``stop`` when given (each
+    predictor's DSPy config, which travels in the artifact)."""
+    return functools.partial(cls, stop=tuple(stop)) if stop else cls
 
 
-def program(stop: tuple[str, ...] = STOP) -> Voting:
-    """``stop``: every role's calls end at the first of these strings."""
+def program(stop: tuple[str, ...] = STOP, calculator: bool = False) -> Voting:
+    """``stop``: every role's calls end at the first of these strings. ``calculator``: every role's answer is the
+    value of the arithmetic it writes (``programs.calculator.Calculate``); compile it with :func:`metric`'s
+    ``calculator=True`` so each call is scored as the program uses it."""
     # skip_unanimous: voters that agree end the run (programs/voting.py); the aggregator decides disagreements
-    return Voting(SIGNATURE, n=3, name="math-voting", skip_unanimous=True, predictor=predictor(stop))
+    cls = Calculate if calculator else dspy.Predict
+    return Voting(SIGNATURE, n=3, name="math-voting", skip_unanimous=True, predictor=predictor(stop, cls))
+
+
+def metric(calculator: bool = False):
+    """The training metric of :func:`program`: ``math_metric``, reading each call's answer through the calculator
+    when the program has one (``programs.calculator.with_calculator``)."""
+    return with_calculator(math_metric) if calculator else math_metric
 
 
 def demo_task():
@@ -101,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="compile the demo's Voting workflow (see the module docstring)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one recipe field")
     add_stop_flags(ap)
+    ap.add_argument("--calculator", action="store_true",
+                    help="roles write the arithmetic and a calculator does it (programs/calculator.py)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.gpu_matrix import parse_set
@@ -120,14 +132,14 @@ def main(argv: list[str] | None = None) -> None:
     # and hands it every update's adapter (wfc/engines/hf.py). Faster, but it gained less on the demo's seeds (README,
     # "bf16 rollouts").
     engine = HFEngine(os.environ.get("WFC_DEMO_MODEL", "smollm2-135m"), dtype=dtype)
-    prog = program(stop)
+    prog = program(stop, calculator=args.calculator)
     base = evaluate(prog, task.testset, engine, metric=math_metric, adapters={}, max_tokens=recipe["max_tokens"],
                     progress="baseline")
     print(RoleGraph.from_rollouts(base["graphs"]).table())
     lo, hi = base["interval"]
     print(f"baseline accuracy on {base['n']} held-out problems: {base['accuracy']:.3f} [{lo:.2f}, {hi:.2f}] "
           f"({time.time() - t0:.0f}s)")
-    compiled = MMGRPO(math_metric, **{**recipe, "steps": steps, "seed": seed}).compile(
+    compiled = MMGRPO(metric(args.calculator), **{**recipe, "steps": steps, "seed": seed}).compile(
         prog, trainset=task.trainset, valset=task.valset, engine=engine, backend=backend,
         run_dir=run_dir)
     t_train = time.time()
@@ -145,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"total time {total:.0f}s")
     summary = {"seed": seed, "steps": steps, "backend": backend, "rollout_dtype": dtype,
                "recipe": RECIPE_NAME, "overrides": overrides, "stop": list(stop),
+               "calculator": args.calculator,
                "baseline": base["accuracy"], "baseline_interval": base["interval"],
                "compiled": after["accuracy"], "compiled_interval": after["interval"], "gain": gain,
                "best_step": compiled.manifest.best_step, "seconds": round(total, 1),

@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pool", choices=sorted(TRAINING_POOLS), default="arithmetic",
                    help="harder training problems after the demo's: four-operation arithmetic or SVAMP-style stories")
     p.add_argument("--model", default="smollm2-135m", help="base model: a wfc.models name or a local model directory")
+    p.add_argument("--calculator", action="store_true",
+                   help="the roles write the arithmetic and a calculator does it (programs/calculator.py); the "
+                        "uncompiled program it is measured against has the calculator too")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one recipe field (JSON value), e.g. group_size=2; repeatable")
     import demo
@@ -96,7 +99,6 @@ def main(argv: list[str] | None = None) -> None:
     from compilers import MMGRPO
     from gpu_matrix import parse_set
     from wfc.engines.hf import HFEngine
-    from wfc.tasks.math import math_metric
 
     trainset, valset = training_task(pool=args.pool)
     recipe = {**demo.RECIPE, "steps": args.steps, "curriculum_key": "difficulty",
@@ -104,9 +106,9 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.time()
     engine = HFEngine(args.model)
     try:
-        compiled = MMGRPO(math_metric, seed=args.seed, **recipe).compile(
-            demo.program(stop), trainset=trainset, valset=valset, engine=engine, backend="shared",
-            run_dir=Path(args.run_dir))
+        compiled = MMGRPO(demo.metric(args.calculator), seed=args.seed, **recipe).compile(
+            demo.program(stop, calculator=args.calculator), trainset=trainset, valset=valset, engine=engine,
+            backend="shared", run_dir=Path(args.run_dir))
         path = compiled.save(args.out)
     finally:
         engine.close()
@@ -114,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.run_dir) / "transfer.json"
     transfer.main([str(path), "--n", str(args.n), "--out", str(out)])
     result = json.loads(out.read_text())
-    result.update(train_seconds=round(train_s, 1), total_seconds=round(time.time() - t0, 1), steps=recipe["steps"],
+    result.update(calculator=args.calculator, train_seconds=round(train_s, 1),
+                  total_seconds=round(time.time() - t0, 1), steps=recipe["steps"],
                   best_step=compiled.manifest.best_step)
     out.write_text(json.dumps(result, indent=1))
     print(f"trained {train_s / 60:.1f} min, best step {compiled.manifest.best_step}; SVAMP ({result['n']}): "

@@ -60,3 +60,14 @@ def test_the_demo_runs_end_to_end_on_the_tiny_model(demo, tiny_handle, tmp_path,
     structure = json.loads((tmp_path / "artifact" / "program" / "structure.json").read_text())
     for role in ("voter", "aggregator"):  # the stop strings travel in the artifact
         assert structure["program"]["attrs"][role]["attrs"]["config"]["items"]["stop"]["items"] == ["\n"]
+
+
+def test_the_calculator_flag_gives_calculate_roles_and_a_metric_that_reads_them(demo):
+    from programs.calculator import Calculate
+
+    roles = dict(demo.program(("\n",), calculator=True).named_predictors())
+    assert all(type(p) is Calculate and p.config.get("stop") == ("\n",) for p in roles.values())
+    assert all(type(p) is demo.dspy.Predict for p in dict(demo.program().named_predictors()).values())
+    gold = demo.dspy.Example(question="q", answer="51")
+    wrote = demo.dspy.Prediction(answer="76 - 25 = 49")
+    assert demo.metric(True)(gold, wrote) == 1.0 and demo.metric(False)(gold, wrote) == 0.0
