@@ -16,7 +16,8 @@ WFC_DEMO_RUN_DIR (default runs/demo-seed<SEED>: checkpoints, metrics.jsonl, summ
 WFC_DEMO_RECIPE (default wide-warmup), WFC_DEMO_BACKEND (default shared: one LoRA for both roles; isolated: one each),
 WFC_DEMO_ROLLOUT_DTYPE (default float32: one colocated model; bfloat16: a bf16 rollout engine beside the policy),
 WFC_DEMO_MODEL (default smollm2-135m: the embedded model; a wfc.models name or a local model directory).
-Flags for measured variants: ``--set KEY=VALUE`` (repeatable, a JSON value) overrides one recipe field,
+Flags for measured variants: ``--calculator`` (the roles write the arithmetic, ``programs/calculator.py`` does it),
+``--set KEY=VALUE`` (repeatable, a JSON value) overrides one recipe field,
 ``--stop STR`` (repeatable, escapes such as ``\\n`` decoded) replaces the stop strings and ``--no-stop`` drops them
 (every call runs to its budget).
 """

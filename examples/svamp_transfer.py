@@ -12,6 +12,9 @@ measures it on the first ``--n`` SVAMP problems against the same program uncompi
 
     WFC_DATA_DIR=../shared/data python examples/svamp_transfer.py --steps 24 --n 300 --out artifacts/svamp-voting
 
+``--calculator``: the roles write the arithmetic and a calculator does it (``programs/calculator.py``; training scores
+each call through it); the uncompiled program it is measured against has the calculator too.
+
 ``--model`` picks the base model (default ``smollm2-135m``; any name ``wfc.models`` knows, e.g. ``tiny`` or a local
 model directory); the measurement loads the same base from the artifact. ``--set key=value`` (repeatable, a JSON
 value) overrides one field of the recipe, e.g. ``--set group_size=2`` for a quick run.

@@ -57,12 +57,15 @@ def svamp_dir() -> Path:
     return Path(value)
 
 
-def test_end_to_end_on_the_tiny_model_trains_saves_and_measures(svamp_dir, tiny_handle, tmp_path):
+@pytest.mark.parametrize("calculator", [False, True])
+def test_end_to_end_on_the_tiny_model_trains_saves_and_measures(calculator, svamp_dir, tiny_handle, tmp_path):
     # tiny_handle: the tiny model's files are built once per session before the script loads them by name.
     # The recipe shrunk so one step is a few seconds on the tiny model; the path is the real one.
     n, out, run_dir = 5, tmp_path / "artifact", tmp_path / "run"
+    flags = ["--calculator"] if calculator else []
     load().main(["--model", "tiny", "--steps", "1", "--n", str(n), "--out", str(out), "--run-dir", str(run_dir),
-                 "--set", "examples_per_step=2", "--set", "group_size=2", "--set", "max_tokens=4", "--stop", "\\n"])
+                 "--set", "examples_per_step=2", "--set", "group_size=2", "--set", "max_tokens=4", "--stop", "\\n",
+                 *flags])
 
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["base_model"] == "tiny"
@@ -71,6 +74,8 @@ def test_end_to_end_on_the_tiny_model_trains_saves_and_measures(svamp_dir, tiny_
     for role in ("voter", "aggregator"):  # --stop: every role's saved config stops at the newline
         config = structure["program"]["attrs"][role]["attrs"]["config"]["items"]
         assert config["stop"]["items"] == ["\n"]
+        cls = structure["program"]["attrs"][role]["class"]
+        assert cls == ("programs.calculator:Calculate" if calculator else "dspy.predict.predict:Predict"), cls
     steps = [r for r in manifest["history"] if r["kind"] == "step"]
     # The random model's groups are mostly flat, which dynamic sampling keeps out of training; what the step drew and
     # generated is the proof it ran.
@@ -84,5 +89,6 @@ def test_end_to_end_on_the_tiny_model_trains_saves_and_measures(svamp_dir, tiny_
         assert 0.0 <= result[key] <= 1.0 and len(result[f"{key}_interval"]) == 2
     assert result["difference"] == pytest.approx(result["compiled"] - result["uncompiled"])
     assert result["only_compiled"] + result["only_uncompiled"] <= n
+    assert result["calculator"] is calculator
     assert result["steps"] == 1 and result["best_step"] == manifest["best_step"] in (0, 1)
     assert 0 < result["train_seconds"] <= result["total_seconds"]
