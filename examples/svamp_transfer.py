@@ -17,6 +17,10 @@ The generated pools are fixed (their own seed); ``--seed`` varies training (samp
 ``--calculator``: the roles write the arithmetic and a calculator does it (``programs/calculator.py``; training scores
 each call through it); the uncompiled program it is measured against has the calculator too.
 
+``--program single``: one role (``programs.Single``) instead of Voting, the single-role GRPO rival at an equal
+budget: ``--set max_rollout_tokens=N`` with N the Voting run's rollout tokens (its ``metrics.jsonl``) and ``--steps``
+large enough that the budget, not the step count, stops it.
+
 ``--model`` picks the base model (default ``smollm2-135m``; any name ``wfc.models`` knows, e.g. ``tiny`` or a local
 model directory); the measurement loads the same base from the artifact. ``--set key=value`` (repeatable, a JSON
 value) overrides one field of the recipe, e.g. ``--set group_size=2`` for a quick run.
@@ -77,6 +81,23 @@ def training_task(seed: int = 2, pool: str = "arithmetic"):
     return [ex.with_inputs("question") for ex in train], val
 
 
+def transfer_program(kind: str, stop: tuple[str, ...], calculator: bool):
+    """The program trained: ``voting`` (the demo's Voting, n=3) or ``single`` (one role, ``programs.Single``, on
+    the demo's signature: the single-role rival; compare at equal rollout tokens with ``--set
+    max_rollout_tokens=N``). Both with or without the calculator."""
+    import dspy
+
+    import demo
+    from programs import Single
+    from programs.calculator import Calculate
+
+    if kind == "voting":
+        return demo.program(stop, calculator=calculator)
+    if kind == "single":
+        return Single(demo.SIGNATURE, predictor=demo.predictor(stop, Calculate if calculator else dspy.Predict))
+    raise ValueError(f"program {kind!r} is unknown: use voting or single")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=24)
@@ -88,6 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pool", choices=sorted(TRAINING_POOLS), default="arithmetic",
                    help="harder training problems after the demo's: four-operation arithmetic or SVAMP-style stories")
     p.add_argument("--model", default="smollm2-135m", help="base model: a wfc.models name or a local model directory")
+    p.add_argument("--program", choices=("voting", "single"), default="voting",
+                   help="the demo's Voting, or one role (Single) as the single-role GRPO rival; for equal budgets "
+                        "pass --set max_rollout_tokens=N (the Voting run's rollout tokens) and enough --steps")
     p.add_argument("--calculator", action="store_true",
                    help="the roles write the arithmetic and a calculator does it (programs/calculator.py); the "
                         "uncompiled program it is measured against has the calculator too")
@@ -112,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     engine = HFEngine(args.model)
     try:
         compiled = MMGRPO(demo.metric(args.calculator), seed=args.seed, **recipe).compile(
-            demo.program(stop, calculator=args.calculator), trainset=trainset, valset=valset, engine=engine,
+            transfer_program(args.program, stop, args.calculator), trainset=trainset, valset=valset, engine=engine,
             backend="shared", run_dir=Path(args.run_dir))
         path = compiled.save(args.out)
     finally:
@@ -121,7 +145,10 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.run_dir) / "transfer.json"
     transfer.main([str(path), "--n", str(args.n), "--out", str(out)])
     result = json.loads(out.read_text())
-    result.update(calculator=args.calculator, train_seconds=round(train_s, 1),
+    from learning import workflow_tokens
+
+    result.update(program=args.program, calculator=args.calculator,
+                  rollout_tokens=workflow_tokens(Path(args.run_dir)), train_seconds=round(train_s, 1),
                   total_seconds=round(time.time() - t0, 1), steps=recipe["steps"],
                   best_step=compiled.manifest.best_step)
     out.write_text(json.dumps(result, indent=1))

@@ -92,3 +92,23 @@ def test_end_to_end_on_the_tiny_model_trains_saves_and_measures(calculator, svam
     assert result["calculator"] is calculator
     assert result["steps"] == 1 and result["best_step"] == manifest["best_step"] in (0, 1)
     assert 0 < result["train_seconds"] <= result["total_seconds"]
+
+
+def test_single_role_rival_stops_at_the_token_budget(svamp_dir, tiny_handle, tmp_path):
+    # --program single: the one-role rival, stopped by --set max_rollout_tokens (not by --steps), with the calculator
+    n, out, run_dir = 3, tmp_path / "artifact", tmp_path / "run"
+    load().main(["--model", "tiny", "--program", "single", "--calculator", "--steps", "50", "--n", str(n),
+                 "--out", str(out), "--run-dir", str(run_dir), "--set", "examples_per_step=2", "--set", "group_size=2",
+                 "--set", "max_tokens=4", "--set", "max_rollout_tokens=40", "--set", "eval_every=100"])
+
+    structure = json.loads((out / "program" / "structure.json").read_text())
+    assert set(structure["program"]["attrs"]) >= {"solver"}
+    assert structure["program"]["attrs"]["solver"]["class"] == "programs.calculator:Calculate"
+    manifest = json.loads((out / "manifest.json").read_text())
+    steps = [r for r in manifest["history"] if r["kind"] == "step"]
+    assert 1 <= len(steps) < 50  # the budget ended it
+    result = json.loads((run_dir / "transfer.json").read_text())
+    assert result["program"] == "single" and result["calculator"] is True
+    spent = steps[-1]["drawing"]["completion_tokens_total"]
+    assert result["rollout_tokens"] == spent >= 40
+    assert sum(r["drawing"]["completion_tokens"] for r in steps[:-1]) < 40  # it stopped at the first step past it
