@@ -59,10 +59,8 @@ def arm_program(arm: str, stop: tuple[str, ...] = ()):
     """The program an arm trains: ``Single`` with the demo's signature for the single-role arms, else the demo's
     Voting; every role stops at ``stop``."""
     import demo
-    from programs import Single
 
-    return (Single(demo.SIGNATURE, predictor=demo.predictor(stop)) if arm.startswith("single")
-            else demo.program(stop))
+    return demo.single_program(stop) if arm.startswith("single") else demo.program(stop)
 
 
 def run_arm(arm: str, seed: int, steps: int, budget: int | None, out: Path, *, overrides: dict | None = None,

@@ -39,7 +39,7 @@ import dspy
 import wfc
 from compilers import MMGRPO, evaluate
 from compilers.recipes import get_recipe
-from programs import Voting
+from programs import Single, Voting
 from programs.calculator import Calculate, with_calculator
 from wfc.engines.hf import HFEngine
 from wfc.rolegraph import RoleGraph
@@ -93,8 +93,17 @@ def program(stop: tuple[str, ...] = STOP, calculator: bool = False) -> Voting:
     value of the arithmetic it writes (``programs.calculator.Calculate``); compile it with :func:`metric`'s
     ``calculator=True`` so each call is scored as the program uses it."""
     # skip_unanimous: voters that agree end the run (programs/voting.py); the aggregator decides disagreements
-    cls = Calculate if calculator else dspy.Predict
-    return Voting(SIGNATURE, n=3, name="math-voting", skip_unanimous=True, predictor=predictor(stop, cls))
+    return Voting(SIGNATURE, n=3, name="math-voting", skip_unanimous=True, predictor=_role_predictor(stop, calculator))
+
+
+def single_program(stop: tuple[str, ...] = STOP, calculator: bool = False) -> Single:
+    """One role on the demo's signature (``programs.Single``): the single-role GRPO rival of :func:`program`, with
+    the same stop strings and calculator choice."""
+    return Single(SIGNATURE, predictor=_role_predictor(stop, calculator))
+
+
+def _role_predictor(stop: tuple[str, ...], calculator: bool):
+    return predictor(stop, Calculate if calculator else dspy.Predict)
 
 
 def metric(calculator: bool = False):

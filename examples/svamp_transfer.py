@@ -1,6 +1,6 @@
 """The transfer recipe: compile the demo's Voting program on generated problems, then measure it on SVAMP.
 
-The recipe that gains on SVAMP (goal 3 of issue 11; about 13 minutes on the 2-core CPU, SVAMP measurement included):
+The recipe that gains on SVAMP (goal 3 of issue 11; 12-17 minutes on the 2-core CPU, SVAMP measurement included):
 
     WFC_DATA_DIR=../shared/data python examples/svamp_transfer.py --pool stories --calculator --steps 24 --n 300
 
@@ -82,20 +82,15 @@ def training_task(seed: int = 2, pool: str = "arithmetic"):
 
 
 def transfer_program(kind: str, stop: tuple[str, ...], calculator: bool):
-    """The program trained: ``voting`` (the demo's Voting, n=3) or ``single`` (one role, ``programs.Single``, on
-    the demo's signature: the single-role rival; compare at equal rollout tokens with ``--set
-    max_rollout_tokens=N``). Both with or without the calculator."""
-    import dspy
-
+    """The program trained: ``voting`` (the demo's Voting, n=3) or ``single`` (one role on the demo's signature:
+    the single-role rival; compare at equal rollout tokens with ``--set max_rollout_tokens=N``). Both with or
+    without the calculator."""
     import demo
-    from programs import Single
-    from programs.calculator import Calculate
 
-    if kind == "voting":
-        return demo.program(stop, calculator=calculator)
-    if kind == "single":
-        return Single(demo.SIGNATURE, predictor=demo.predictor(stop, Calculate if calculator else dspy.Predict))
-    raise ValueError(f"program {kind!r} is unknown: use voting or single")
+    builders = {"voting": demo.program, "single": demo.single_program}
+    if kind not in builders:
+        raise ValueError(f"program {kind!r} is unknown: use one of {sorted(builders)}")
+    return builders[kind](stop, calculator=calculator)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -127,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     import transfer
     from compilers import MMGRPO
     from gpu_matrix import parse_set
+    from learning import workflow_tokens
     from wfc.engines.hf import HFEngine
 
     trainset, valset = training_task(pool=args.pool)
@@ -145,8 +141,6 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.run_dir) / "transfer.json"
     transfer.main([str(path), "--n", str(args.n), "--out", str(out)])
     result = json.loads(out.read_text())
-    from learning import workflow_tokens
-
     result.update(program=args.program, calculator=args.calculator,
                   rollout_tokens=workflow_tokens(Path(args.run_dir)), train_seconds=round(train_s, 1),
                   total_seconds=round(time.time() - t0, 1), steps=recipe["steps"],

@@ -39,4 +39,3 @@ def test_a_calculator_program_compiles_saves_and_loads_on_the_tiny_model(engine,
         assert all(torch.equal(a[k], b[k]) for k in a if "lora_" in k and ".shared." in k)
     finally:
         loaded.engine.close()
-
