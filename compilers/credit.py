@@ -9,9 +9,13 @@ Variants (a small registry, selected by ``MMGRPOConfig.credit``):
   voter's own answer gives it a dense, correctly attributed signal.
 - ``verified``: ``own_output``, plus two verifiable rules read off the rollout graph (an edge ``a -> b`` means b's
   prompt holds a's output):
-  - a *selector* (an answerer fed by other answerers, e.g. Voting's aggregator) is scored on its own answer only when
-    at least one of its inputs was correct; when none was there was nothing right to pick, and the call is left out
-    of its group (``CallNode.no_credit``) instead of learning "wrong" for it;
+  - a *selector* (an answerer fed by two or more other answerers, e.g. Voting's aggregator) is scored on its own
+    answer only when at least one of its inputs was correct; when none was there was nothing right to pick, and the
+    call is left out of its group (``CallNode.no_credit``) instead of learning "wrong" for it. An answerer fed by one
+    answer (a *reviser*, e.g. EvalOpt's optimizer) is always scored on its own answer: fixing a wrong answer is its
+    job, so a wrong input is where it learns most (measured on the code workflow: the untrained reviewer rejects
+    every answer, so the optimizer rewrites every one; left out whenever the writer was wrong, it could only learn
+    to keep right code, never to fix wrong code);
   - a *judge* (a call fed by an answerer that gives no answer of its own but a verdict, e.g. EvalOpt's evaluator) is
     scored 1 when its verdict (accept / reject) agrees with whether the judged answer was correct, else 0.
   "Correct" means the metric gives full marks (>= 1, ``True`` included).
@@ -83,8 +87,8 @@ def verified(metric: Callable, graph: RolloutGraph, *, metric_failure_score: flo
         fed_by = _upstream(graph, call, scores)
         if call.id in scores:
             call.reward = scores[call.id]
-            if fed_by and not any(scores[a] >= FULL_MARKS for a in fed_by):
-                call.no_credit = True  # a selector with nothing right to choose from
+            if len(fed_by) >= 2 and not any(scores[a] >= FULL_MARKS for a in fed_by):
+                call.no_credit = True  # a selector with nothing right to choose from (a reviser, fed by one, is not)
         elif fed_by and len(call.outputs) == 1:
             verdict = verdict_of(next(iter(call.outputs.values())))
             if verdict is not None:

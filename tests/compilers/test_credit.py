@@ -105,3 +105,31 @@ def test_verified_judge_is_scored_on_agreeing_with_the_gold_answer(answer, verdi
     get_credit("verified")(exact, g, metric_failure_score=None)
     assert g.calls[0].reward == float(answer == "5")
     assert g.calls[1].reward == reward  # None: unreadable verdict inherits the rollout's reward
+
+
+def evalopt_rollout(first, verdict, revised):
+    """EvalOpt, one round: generator -> evaluator (shown the answer) -> optimizer (shown the answer and verdict)."""
+    calls = [node(0, "generator", 0, {"answer": first}), node(1, "evaluator", 0, {"verdict": verdict}),
+             node(2, "optimizer", 0, {"answer": revised})]
+    calls[1].messages = [{"role": "user", "content": f"2+3?\nproposed: {first}"}]
+    calls[2].messages = [{"role": "user", "content": f"2+3?\nprevious: {first}\nfeedback: {verdict}"}]
+    g = RolloutGraph(calls, example={"question": "2+3?", "answer": "5"}, outputs={"answer": revised})
+    g.reward = float(revised == "5")
+    return g
+
+
+@pytest.mark.parametrize("first,revised,rewards", [
+    ("4", "5", [0.0, 1.0, 1.0]),  # fixed: the optimizer learns "right" although nothing right was shown to it
+    ("4", "6", [0.0, 1.0, 0.0]),  # not fixed: scored wrong, not left out
+    ("5", "4", [1.0, 0.0, 0.0]),  # broke a right answer (the evaluator wrongly rejected it)
+    ("5", "5", [1.0, 0.0, 1.0]),
+])
+def test_verified_reviser_fed_by_one_answer_is_always_scored_on_its_own(first, revised, rewards):
+    # hand-worked: the optimizer is fed by one answer (the generator's), so it is a reviser, not a selector
+    g = evalopt_rollout(first, "incorrect", revised)
+    get_credit("verified")(exact, g, metric_failure_score=None)
+    assert g.graph.has_edge(0, 2)  # the optimizer's prompt holds the generator's answer
+    assert [c.reward for c in g.calls] == rewards
+    assert [c.no_credit for c in g.calls] == [False, False, False]
+    groups = build_groups([[g]])
+    assert [x.rewards for x in groups if x.role == "optimizer"] == [[rewards[2]]]

@@ -1,0 +1,61 @@
+"""examples/code_workflow.py: the writer's own pass rate on hand-built rollouts, and one whole run (baseline ->
+compile -> held-out -> save) on the tiny model with the script's own flags."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from wfc.rollout import CallNode, RolloutGraph
+from wfc.tasks.codegen import make_codegen
+from wfc.tasks.code import code_metric
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture()
+def script():
+    spec = importlib.util.spec_from_file_location("code_workflow_under_test", ROOT / "examples" / "code_workflow.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rollout(example, writer_code, final_code, writer_status="ok"):
+    calls = [CallNode(id=0, role="generator", invocation=0, messages=[{"role": "user", "content": "p"}],
+                      outputs={"code": writer_code}, status=writer_status, started=1, finished=2),
+             CallNode(id=1, role="optimizer", invocation=0, messages=[{"role": "user", "content": writer_code}],
+                      outputs={"code": final_code}, started=3, finished=4)]
+    return RolloutGraph(calls, example=dict(example), outputs={"code": final_code})
+
+
+def test_writer_pass_rate_scores_the_writers_own_code_not_the_final_answer(script):
+    example = make_codegen(1, seed=3)[0]
+    right, wrong = example.solution, "def nothing():\n    return None\n"
+    assert code_metric(example, right) == 1.0 and code_metric(example, wrong) == 0.0
+    graphs = [_rollout(example, right, wrong),  # the fixer broke right code: writer 1, program 0
+              _rollout(example, wrong, right),  # the fixer fixed it: writer 0
+              _rollout(example, right, right, writer_status="format_error")]  # a failed writer call scores 0
+    assert script.writer_pass_rate(graphs, code_metric) == pytest.approx(1 / 3)
+    assert script.writer_pass_rate([], code_metric) == 0.0
+
+
+def test_the_code_workflow_runs_end_to_end_on_the_tiny_model(script, tiny_handle, tmp_path, monkeypatch):
+    # tiny_handle builds the tiny model's files once per session; the script then loads it by name
+    monkeypatch.chdir(tmp_path)
+    summary = script.main(["--model", "tiny", "--steps", "1", "--n-train", "4", "--n-val", "2", "--n-test", "3",
+                           "--examples-per-step", "1", "--group-size", "2", "--max-tokens", "8", "--eval-every", "0",
+                           "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "artifact")])
+    assert json.loads(json.dumps(summary, default=str)) == json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["recipe"] == "wide-warmup" and summary["steps"] == 1 and summary["max_tokens"] == 8
+    assert summary["n_test"] == 3 and summary["only_after"] + summary["only_before"] <= 3
+    assert summary["difference"] == pytest.approx(summary["after"] - summary["before"])
+    for key in ("before", "after", "writer_before", "writer_after"):
+        assert 0.0 <= summary[key] <= 1.0
+    assert summary["rollout_tokens"] > 0  # read from the run's own metrics.jsonl
+    manifest = json.loads((tmp_path / "artifact" / "manifest.json").read_text())
+    assert manifest["base_model"] == "tiny"
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "artifacts").exists()  # only where it was told
