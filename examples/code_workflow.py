@@ -5,10 +5,12 @@ Each rollout's code runs against the task's tests in the sandbox (``wfc.tasks.sa
 scored on whether its verdict matches the tests and the fixer on its own code, dynamic sampling, keep-best
 validation) with ``--max-tokens`` per call instead of the recipe's (code needs more than a number), then prints
 pass@1 before and after on the held-out tasks with the paired difference and its 95% interval, and the writer's
-own pass rate (its code before the reviewer and fixer see it), which tells where a change came from. Figures:
-README, "Example workflows". The script is the template for a larger model (``--model /path/to/hf-model``).
+own pass rate (its code before the reviewer and fixer see it), which tells where a change came from. Measured
+with the defaults (seed 0, 70 min on the 2-core CPU): 0.475 -> 0.756 on 160 held-out tasks, paired +0.281
+[+0.199, +0.363] (README, "Example workflows"). The script is the template for a larger model (``--model
+/path/to/hf-model``).
 
-    python examples/code_workflow.py --steps 8 --n-test 160 --n-val 32 --eval-every 4
+    python examples/code_workflow.py            # = --recipe wide-warmup --steps 8 --n-val 32 --n-test 160
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--examples-per-step", type=int, default=None, help="default: the recipe's")
     ap.add_argument("--group-size", type=int, default=None, help="default: the recipe's")
-    ap.add_argument("--eval-every", type=int, default=None, help="validate every N steps; default: the recipe's")
+    ap.add_argument("--eval-every", type=int, default=4, help="validate every N steps (0: never)")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--n-train", type=int, default=100)
     ap.add_argument("--n-val", type=int, default=32, help="validation tasks (keep-best picks the step by them)")
