@@ -3,9 +3,7 @@ compile -> held-out -> save) on the tiny model with the script's own flags."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -13,15 +11,10 @@ from wfc.rollout import CallNode, RolloutGraph
 from wfc.tasks.codegen import make_codegen
 from wfc.tasks.code import code_metric
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture()
-def script():
-    spec = importlib.util.spec_from_file_location("code_workflow_under_test", ROOT / "examples" / "code_workflow.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def script(load_example):
+    return load_example('code_workflow')
 
 
 def _rollout(example, writer_code, final_code, writer_status="ok"):

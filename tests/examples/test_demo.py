@@ -3,21 +3,14 @@ baseline -> compile -> held-out -> save -> load, goes through on the tiny model 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture()
-def demo():
-    spec = importlib.util.spec_from_file_location("demo_under_test", ROOT / "examples" / "demo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def demo(load_example):
+    return load_example('demo')
 
 
 def test_every_role_stops_at_the_given_strings_and_none_by_default(demo):
