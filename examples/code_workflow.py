@@ -72,16 +72,15 @@ def main(argv: list[str] | None = None) -> dict:
             recipe[key] = getattr(args, key)
     before = evaluate(program, task.testset, engine, metric=task.metric, adapters={}, max_tokens=args.max_tokens,
                       progress="before")
-    print(f"pass@1 before: {before['accuracy']:.3f} on {before['n']} tasks "
-          f"(writer alone {writer_pass_rate(before['graphs'], task.metric):.3f})")
+    writer = {"writer_before": writer_pass_rate(before["graphs"], task.metric)}
+    print(f"pass@1 before: {before['accuracy']:.3f} on {before['n']} tasks (writer alone {writer['writer_before']:.3f})")
     compiled = MMGRPO(task.metric, seed=args.seed, **recipe).compile(
         program, trainset=task.trainset, valset=task.valset, engine=engine, run_dir=args.run_dir)
     after = evaluate(compiled.program, task.testset, engine, metric=task.metric, adapters=compiled.roles,
                      max_tokens=args.max_tokens, progress="after")
     pair = paired_difference([float(g.reward) for g in before["graphs"]], [float(g.reward) for g in after["graphs"]])
     lo, hi = pair["interval"]
-    writer = {"writer_before": writer_pass_rate(before["graphs"], task.metric),
-              "writer_after": writer_pass_rate(after["graphs"], task.metric)}
+    writer["writer_after"] = writer_pass_rate(after["graphs"], task.metric)
     print(f"pass@1 after:  {after['accuracy']:.3f} on {after['n']} tasks (best step {compiled.manifest.best_step}; "
           f"writer alone {writer['writer_after']:.3f}); paired difference {pair['difference']:+.3f} "
           f"[{lo:+.3f}, {hi:+.3f}] ({pair['only_after']} tasks passed only after, {pair['only_before']} only before)")
