@@ -17,7 +17,8 @@ Variants (a small registry, selected by ``MMGRPOConfig.credit``):
     every answer, so the optimizer rewrites every one; left out whenever the writer was wrong, it could only learn
     to keep right code, never to fix wrong code);
   - a *judge* (a call fed by an answerer that gives no answer of its own but a verdict, e.g. EvalOpt's evaluator) is
-    scored 1 when its verdict (accept / reject) agrees with whether the judged answer was correct, else 0.
+    scored 1 when its verdict (accept / reject, read by :func:`wfc.verdict.read_verdict`, the reader the program
+    acts on) agrees with whether the judged answer was correct, else 0; an unreadable verdict inherits.
   "Correct" means the metric gives full marks (>= 1, ``True`` included).
 
 Invariant: credit only sets ``CallNode.reward`` / ``CallNode.no_credit`` on calls with status ``ok`` of rollouts with
@@ -28,27 +29,13 @@ is called through :func:`compilers.score.call_metric` only, so a NaN or raising 
 
 from __future__ import annotations
 
-import re
-from typing import Any, Callable
+from typing import Callable
 
 from compilers.score import call_metric
 from wfc.rollout import CallNode, RolloutGraph
+from wfc.verdict import read_verdict
 
 FULL_MARKS = 1.0 - 1e-9
-_ACCEPT = re.compile(r"^\W*(correct|yes|accept|right|true)\b", re.I)
-_REJECT = re.compile(r"^\W*(incorrect|not|no|wrong|reject|false)\b", re.I)
-
-
-def verdict_of(value: Any) -> bool | None:
-    """Accept (True) / reject (False) / unreadable (None) for a judge's output value."""
-    if isinstance(value, bool):
-        return value
-    text = str(value or "")
-    if _REJECT.match(text):
-        return False
-    if _ACCEPT.match(text):
-        return True
-    return None
 
 
 def _answerers(metric: Callable, graph: RolloutGraph, metric_failure_score: float | None) -> dict[int, float]:
@@ -90,7 +77,7 @@ def verified(metric: Callable, graph: RolloutGraph, *, metric_failure_score: flo
             if len(fed_by) >= 2 and not any(scores[a] >= FULL_MARKS for a in fed_by):
                 call.no_credit = True  # a selector with nothing right to choose from (a reviser, fed by one, is not)
         elif fed_by and len(call.outputs) == 1:
-            verdict = verdict_of(next(iter(call.outputs.values())))
+            verdict = read_verdict(next(iter(call.outputs.values())))
             if verdict is not None:
                 judged_correct = scores[fed_by[-1]] >= FULL_MARKS  # the latest answer it was shown
                 call.reward = 1.0 if verdict == judged_correct else 0.0

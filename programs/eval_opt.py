@@ -1,23 +1,23 @@
 """EvalOpt: a generator proposes, an evaluator judges, an optimizer revises, up to ``rounds`` revisions.
 
-Stops as soon as the evaluator accepts (its verdict starts with "correct"/"yes"). Roles: ``generator``,
-``evaluator`` (called once per round: a variable number of times per rollout), ``optimizer`` (0..rounds times).
+Stops as soon as the evaluator accepts (its verdict's first word reads as accept: "correct", "yes", ...; see
+``wfc.verdict``). Roles: ``generator``, ``evaluator`` (called once per round: a variable number of times per rollout),
+``optimizer`` (0..rounds times).
 """
 
 from __future__ import annotations
-
-import re
 
 import dspy
 
 from programs._fields import derive, task_signature
 from wfc.program import Program
-
-_ACCEPT = re.compile(r"^\W*(correct|yes|accept)", re.IGNORECASE)
+from wfc.verdict import read_verdict
 
 
 def accepted(verdict: str) -> bool:
-    return bool(_ACCEPT.match(verdict or "")) and not re.match(r"^\W*(incorrect|not)", verdict or "", re.I)
+    """Whether the evaluator accepted: its verdict's first word reads as accept (``wfc.verdict``, the reading that
+    verified credit scores the evaluator on); a reject or an unreadable verdict is revised."""
+    return read_verdict(verdict) is True
 
 
 class EvalOpt(Program):

@@ -26,9 +26,9 @@ from dspy.adapters.chat_adapter import ChatAdapter
 from dspy.adapters.utils import parse_value
 from dspy.utils.exceptions import AdapterParseError
 
+from wfc.verdict import read_verdict
+
 _BULLET = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)]|\(\d+\))\s*")
-_TRUE = {"yes", "true", "correct", "accept", "accepted", "1"}
-_FALSE = {"no", "false", "incorrect", "wrong", "reject", "rejected", "0"}
 
 
 def _as_list(text: str) -> list[str]:
@@ -43,14 +43,11 @@ def _as_list(text: str) -> list[str]:
 
 
 def _as_bool(text: str) -> bool:
-    words = re.findall(r"[a-z0-9]+", text.lower())
-    if not words:
-        raise ValueError("empty answer where yes/no was expected")
-    if words[0] in _TRUE:
-        return True
-    if words[0] in _FALSE:
-        return False
-    raise ValueError(f"expected yes/no, got {text[:40]!r}")
+    verdict = read_verdict(text)
+    if verdict is None:
+        raise ValueError(f"expected yes/no, got {text[:40]!r}" if text.strip() else
+                         "empty answer where yes/no was expected")
+    return verdict
 
 
 def coerce(text: str, annotation: Any) -> Any:

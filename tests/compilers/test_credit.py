@@ -1,10 +1,14 @@
 """Per-role credit on hand-built rollouts: own_output scores answering roles on their own outputs."""
 
+import dspy
 import pytest
 
 from compilers.credit import get_credit
 from compilers.group import build_groups
+from programs import EvalOpt
+from wfc.lower import trace
 from wfc.rollout import CallNode, RolloutGraph
+from wfc.verdict import read_verdict
 
 
 def exact(example, prediction, trace=None):
@@ -133,3 +137,19 @@ def test_verified_reviser_fed_by_one_answer_is_always_scored_on_its_own(first, r
     assert [c.no_credit for c in g.calls] == [False, False, False]
     groups = build_groups([[g]])
     assert [x.rewards for x in groups if x.role == "optimizer"] == [[rewards[2]]]
+
+
+@pytest.mark.parametrize("verdict", ["Right, but check the carry", "correctly adds", "yes", "no: it is 5",
+                                     "The sum is correct."])
+def test_verified_judge_is_scored_on_the_decision_the_program_acted_on(verdict, fake_engine):
+    """EvalOpt stops exactly when credit reads its evaluator's verdict as accept, so the judge learns from what it
+    did: wrong answer "4" accepted scores 0, rejected (the optimizer then runs) scores 1, unreadable inherits."""
+    engine = fake_engine(by_system={"Check the proposed solution": verdict, "A reviewer found": "5", "Solve": "4"})
+    example = dspy.Example(question="2+3?", answer="5").with_inputs("question")
+    g = trace(EvalOpt(dspy.Signature("question -> answer", "Solve the arithmetic problem."), rounds=1), example, engine)
+    g.reward = exact(example, type("P", (), g.outputs)())
+    get_credit("verified")(exact, g, metric_failure_score=0.0)
+    judge = g.calls_of("evaluator")[0]
+    stopped = not g.calls_of("optimizer")
+    assert stopped is (read_verdict(verdict) is True)
+    assert judge.reward == {True: 0.0, False: 1.0, None: None}[read_verdict(verdict)]  # None: inherits the rollout's
