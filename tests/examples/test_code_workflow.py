@@ -36,6 +36,18 @@ def test_writer_pass_rate_scores_the_writers_own_code_not_the_final_answer(scrip
     assert script.writer_pass_rate([], code_metric) == 0.0
 
 
+def test_reviewer_accept_rate_counts_the_verdicts_evalopt_stopped_on(script):
+    def judged(*verdicts):
+        calls = [CallNode(id=i, role="evaluator", invocation=i, messages=[{"role": "user", "content": "p"}],
+                          outputs={"verdict": v}, status="ok" if v is not None else "format_error", started=2 * i,
+                          finished=2 * i + 1) for i, v in enumerate(verdicts)]
+        return RolloutGraph(calls, example={}, outputs={})
+    # "The code is correct." is prose, not an accept; a failed reviewer call is not counted
+    graphs = [judged("correct", "The code is correct."), judged("incorrect: off by one", None), judged("Yes.")]
+    assert script.reviewer_accept_rate(graphs) == pytest.approx(2 / 4)
+    assert script.reviewer_accept_rate([]) == 0.0
+
+
 def test_the_code_workflow_runs_end_to_end_on_the_tiny_model(script, tiny_handle, tmp_path, monkeypatch):
     # tiny_handle builds the tiny model's files once per session; the script then loads it by name
     monkeypatch.chdir(tmp_path)
@@ -46,7 +58,7 @@ def test_the_code_workflow_runs_end_to_end_on_the_tiny_model(script, tiny_handle
     assert summary["recipe"] == "wide-warmup" and summary["steps"] == 1 and summary["max_tokens"] == 8
     assert summary["n_test"] == 3 and summary["only_after"] + summary["only_before"] <= 3
     assert summary["difference"] == pytest.approx(summary["after"] - summary["before"])
-    for key in ("before", "after", "writer_before", "writer_after"):
+    for key in ("before", "after", "writer_before", "writer_after", "reviewer_accept_before", "reviewer_accept_after"):
         assert 0.0 <= summary[key] <= 1.0
     assert summary["rollout_tokens"] > 0  # read from the run's own metrics.jsonl
     manifest = json.loads((tmp_path / "artifact" / "manifest.json").read_text())
