@@ -6,12 +6,13 @@ scored on whether its verdict matches the tests and the fixer on its own code, d
 validation) with ``--max-tokens`` per call instead of the recipe's (code needs more than a number), then prints
 pass@1 before and after on the held-out tasks with the paired difference and its 95% interval, and the writer's
 own pass rate (its code before the reviewer and fixer see it) and how often the reviewer accepted (each accept saves
-a fixer call), which tell where a change came from. Measured
-with the defaults (seed 0, 70 min on the 2-core CPU): 0.475 -> 0.756 on 160 held-out tasks, paired +0.281
-[+0.199, +0.363] (README, "Example workflows"). The script is the template for a larger model (``--model
-/path/to/hf-model``).
+a fixer call), which tell where a change came from. Measured with the defaults (seed 0, 70 min on the 2-core CPU):
+0.475 -> 0.756 on 160 held-out tasks, paired +0.281 [+0.199, +0.363] (README, "Example workflows"). One run needs
+up to ~17 GB of memory at its update steps, so run seeds one after another on a 24 GB machine. The script is the
+template for a larger model (``--model /path/to/hf-model``).
 
     python examples/code_workflow.py            # = --recipe wide-warmup --steps 8 --n-val 32 --n-test 160
+    python examples/code_workflow.py --resume   # a killed run continues from its checkpoint in --run-dir
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0, help="training seed (the task splits are fixed)")
     ap.add_argument("--run-dir", default="runs/code-evalopt")
     ap.add_argument("--out", default="artifacts/code-evalopt")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue a killed run from the checkpoint in --run-dir (same flags as that run)")
     args = ap.parse_args(argv)
     t0 = time.time()
     task = get_task("codegen", n_train=args.n_train, n_val=args.n_val, n_test=args.n_test)
@@ -87,7 +90,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"pass@1 before: {before['accuracy']:.3f} on {before['n']} tasks "
           f"(writer alone {writer['writer_before']:.3f}; reviewer accepted {writer['reviewer_accept_before']:.0%})")
     compiled = MMGRPO(task.metric, seed=args.seed, **recipe).compile(
-        program, trainset=task.trainset, valset=task.valset, engine=engine, run_dir=args.run_dir)
+        program, trainset=task.trainset, valset=task.valset, engine=engine, run_dir=args.run_dir,
+        resume=args.run_dir if args.resume else None)
     after = evaluate(compiled.program, task.testset, engine, metric=task.metric, adapters=compiled.roles,
                      max_tokens=args.max_tokens, progress="after")
     pair = paired_difference([float(g.reward) for g in before["graphs"]], [float(g.reward) for g in after["graphs"]])

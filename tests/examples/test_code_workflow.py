@@ -64,3 +64,18 @@ def test_the_code_workflow_runs_end_to_end_on_the_tiny_model(script, tiny_handle
     manifest = json.loads((tmp_path / "artifact" / "manifest.json").read_text())
     assert manifest["base_model"] == "tiny"
     assert not (tmp_path / "runs").exists() and not (tmp_path / "artifacts").exists()  # only where it was told
+
+
+def test_a_killed_code_run_resumes_from_its_checkpoint(script, tiny_handle, tmp_path, monkeypatch):
+    """--resume continues the run in --run-dir after its last checkpointed step (a 70-minute run killed at step 5
+    need not start over); the summary is the finished run's."""
+    monkeypatch.chdir(tmp_path)
+    flags = ["--model", "tiny", "--n-train", "4", "--n-val", "2", "--n-test", "2", "--examples-per-step", "1",
+             "--group-size", "2", "--max-tokens", "8", "--eval-every", "0", "--run-dir", str(tmp_path / "run"),
+             "--out", str(tmp_path / "artifact")]
+    script.main(flags + ["--steps", "1"])
+    summary = script.main(flags + ["--steps", "2", "--resume"])
+    events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["after_step"] for e in events if e["kind"] == "resume"] == [1]
+    assert [e["step"] for e in events if e["kind"] == "step"] == [1, 2]
+    assert summary["steps"] == 2 and (tmp_path / "artifact" / "manifest.json").exists()
