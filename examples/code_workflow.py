@@ -38,12 +38,17 @@ from learning import workflow_tokens  # noqa: E402  (benchmarks/ is a folder of 
 logging.getLogger("dspy").setLevel(logging.ERROR)
 
 
+def _ok_calls(graph, role: str) -> list:
+    """``graph``'s ok calls with outputs of EvalOpt's role ``role`` (matched on the role path's last name)."""
+    return [c for c in graph.calls if c.role.split(".")[-1] == role and c.status == "ok" and c.outputs]
+
+
 def writer_pass_rate(graphs, metric) -> float:
     """Mean metric of the writer's (EvalOpt's generator's) own code over ``graphs``: what the program would score
     without its reviewer and fixer. A rollout whose writer call failed scores 0."""
     scores = []
     for graph in graphs:
-        writer = [c for c in graph.calls if c.role.split(".")[-1] == "generator" and c.status == "ok" and c.outputs]
+        writer = _ok_calls(graph, "generator")
         scores.append(call_metric(metric, graph.example, writer[0].outputs, metric_failure_score=0.0)
                       if writer else 0.0)
     return sum(scores) / max(len(scores), 1)
@@ -52,8 +57,7 @@ def writer_pass_rate(graphs, metric) -> float:
 def reviewer_accept_rate(graphs) -> float:
     """Share of the reviewer's (EvalOpt's evaluator's) ok calls over ``graphs`` whose verdict EvalOpt accepted
     (``programs.eval_opt.accepted``): each one is a fixer call saved. 0 when it made none."""
-    verdicts = [accepted(next(iter(c.outputs.values()), "")) for g in graphs for c in g.calls
-                if c.role.split(".")[-1] == "evaluator" and c.status == "ok" and c.outputs]
+    verdicts = [accepted(c.outputs.get("verdict", "")) for g in graphs for c in _ok_calls(g, "evaluator")]
     return sum(verdicts) / max(len(verdicts), 1)
 
 
