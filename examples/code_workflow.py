@@ -28,7 +28,7 @@ from compilers import MMGRPO, evaluate
 from compilers.recipes import get_recipe
 from compilers.score import call_metric, paired_difference
 from programs import EvalOpt
-from programs.eval_opt import accepted
+from programs.eval_opt import VERDICT_STYLES, accepted
 from wfc.engines.hf import HFEngine
 from wfc.tasks import get_task
 
@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--group-size", type=int, default=None, help="default: the recipe's")
     ap.add_argument("--eval-every", type=int, default=4, help="validate every N steps (0: never)")
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--verdict", default="reason", choices=sorted(VERDICT_STYLES),
+                    help="how the reviewer is asked for its verdict (programs/eval_opt.py VERDICT_STYLES)")
     ap.add_argument("--n-train", type=int, default=100)
     ap.add_argument("--n-val", type=int, default=32, help="validation tasks (keep-best picks the step by them)")
     ap.add_argument("--n-test", type=int, default=160)
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.time()
     task = get_task("codegen", n_train=args.n_train, n_val=args.n_val, n_test=args.n_test)
     engine = HFEngine(args.model)
-    program = EvalOpt(task.signature, rounds=1, name="code-evalopt")
+    program = EvalOpt(task.signature, rounds=1, verdict=args.verdict, name="code-evalopt")
     recipe = {**get_recipe(args.recipe), "steps": args.steps, "max_tokens": args.max_tokens}
     for key in ("examples_per_step", "group_size", "eval_every"):
         if getattr(args, key) is not None:
@@ -107,8 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"paired difference {pair['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({pair['only_after']} tasks passed "
           f"only after, {pair['only_before']} only before)")
     print(f"artifact: {compiled.save(args.out)}")
-    summary = {"recipe": args.recipe, **recipe, "seed": args.seed, "n_test": args.n_test, "n_val": args.n_val,
-               "before": before["accuracy"], "after": after["accuracy"], **pair, **writer,
+    summary = {"recipe": args.recipe, **recipe, "verdict": args.verdict, "seed": args.seed, "n_test": args.n_test,
+               "n_val": args.n_val, "before": before["accuracy"], "after": after["accuracy"], **pair, **writer,
                "best_step": compiled.manifest.best_step, "rollout_tokens": workflow_tokens(Path(args.run_dir)),
                "seconds": round(time.time() - t0, 1)}
     (Path(args.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
