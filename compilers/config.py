@@ -45,7 +45,8 @@ class MMGRPOConfig(BaseModel):
     overlong_penalty: float = Field(
         0.0, ge=0.0, description="subtracted from the reward of a call cut at max_tokens (compilers.group): "
                                  "teaches roles to finish inside the budget")
-    credit: str = Field("inherit", description="inherit | own_output | verified (see compilers.credit)")
+    credit: str = Field("inherit",
+                        description="inherit | own_output | verified | verified-strict (see compilers.credit)")
     # grouping and advantages
     grouping: Literal["truncate", "fill", "ragged"] = "ragged"
     pool_fanout: bool = Field(

@@ -20,6 +20,12 @@ Variants (a small registry, selected by ``MMGRPOConfig.credit``):
     scored 1 when its verdict (accept / reject, read by :func:`wfc.verdict.read_verdict`, the reader the program
     acts on) agrees with whether the judged answer was correct, else 0; an unreadable verdict inherits.
   "Correct" means the metric gives full marks (>= 1, ``True`` included).
+- ``verified-strict``: ``verified``, except that an unreadable verdict is scored as the reject it is to EvalOpt
+  (which revises on anything it cannot read as accept): 1 when the judged answer was wrong, else 0. Why: a small
+  model's untrained judge writes prose ("The function `f` is indeed correct.") on every call, so under ``verified``
+  every verdict inherits the rollout's reward and nothing teaches the judge to open with a verdict, or which one;
+  scored on the decision the program took, a prose verdict on a right answer learns "wrong". Only for programs that,
+  like EvalOpt, treat an unreadable verdict as a reject.
 
 Invariant: credit only sets ``CallNode.reward`` / ``CallNode.no_credit`` on calls with status ``ok`` of rollouts with
 status ``ok``; format errors and crashes keep their failure scores (``compilers.group.call_reward``). The user's metric
@@ -64,7 +70,8 @@ def _upstream(graph: RolloutGraph, call: CallNode, among: dict[int, float]) -> l
     return sorted(a for a in graph.graph.predecessors(call.id) if a in among)
 
 
-def verified(metric: Callable, graph: RolloutGraph, *, metric_failure_score: float | None) -> None:
+def verified(metric: Callable, graph: RolloutGraph, *, metric_failure_score: float | None,
+             unreadable_rejects: bool = False) -> None:
     if graph.status != "ok" or not graph.outputs:
         return
     scores = _answerers(metric, graph, metric_failure_score)
@@ -78,12 +85,19 @@ def verified(metric: Callable, graph: RolloutGraph, *, metric_failure_score: flo
                 call.no_credit = True  # a selector with nothing right to choose from (a reviser, fed by one, is not)
         elif fed_by and len(call.outputs) == 1:
             verdict = read_verdict(next(iter(call.outputs.values())))
+            if verdict is None and unreadable_rejects:
+                verdict = False
             if verdict is not None:
                 judged_correct = scores[fed_by[-1]] >= FULL_MARKS  # the latest answer it was shown
                 call.reward = 1.0 if verdict == judged_correct else 0.0
 
 
-CREDIT: dict[str, Callable[..., None]] = {"inherit": inherit, "own_output": own_output, "verified": verified}
+def verified_strict(metric: Callable, graph: RolloutGraph, *, metric_failure_score: float | None) -> None:
+    verified(metric, graph, metric_failure_score=metric_failure_score, unreadable_rejects=True)
+
+
+CREDIT: dict[str, Callable[..., None]] = {"inherit": inherit, "own_output": own_output, "verified": verified,
+                                          "verified-strict": verified_strict}
 
 
 def get_credit(name: str) -> Callable[..., None]:

@@ -13,6 +13,7 @@ another on a 24 GB machine. The script is the template for a larger model (``--m
 
     python examples/code_workflow.py            # = --recipe wide-warmup --steps 8 --n-val 32 --n-test 160
     python examples/code_workflow.py --resume   # a killed run continues from its checkpoint in --run-dir
+    python examples/code_workflow.py --verdict word --set credit=verified-strict   # a reviewer that must decide
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from wfc.engines.hf import HFEngine
 from wfc.tasks import get_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from learning import workflow_tokens  # noqa: E402  (benchmarks/ is a folder of scripts, not a package on the path)
+from gpu_matrix import parse_set  # noqa: E402  (benchmarks/ is a folder of scripts, not a package on the path)
+from learning import workflow_tokens  # noqa: E402
 
 logging.getLogger("dspy").setLevel(logging.ERROR)
 
@@ -78,6 +80,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0, help="training seed (the task splits are fixed)")
     ap.add_argument("--run-dir", default="runs/code-evalopt")
     ap.add_argument("--out", default="artifacts/code-evalopt")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one recipe field (a JSON value), e.g. --set credit=verified-strict")
     ap.add_argument("--resume", action="store_true",
                     help="continue a killed run from the checkpoint in --run-dir (same flags as that run)")
     args = ap.parse_args(argv)
@@ -89,6 +93,8 @@ def main(argv: list[str] | None = None) -> dict:
     for key in ("examples_per_step", "group_size", "eval_every"):
         if getattr(args, key) is not None:
             recipe[key] = getattr(args, key)
+    overrides = parse_set(args.set)
+    recipe.update(overrides)
     before = evaluate(program, task.testset, engine, metric=task.metric, adapters={}, max_tokens=args.max_tokens,
                       progress="before")
     writer = {"writer_before": writer_pass_rate(before["graphs"], task.metric),
@@ -109,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"paired difference {pair['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({pair['only_after']} tasks passed "
           f"only after, {pair['only_before']} only before)")
     print(f"artifact: {compiled.save(args.out)}")
-    summary = {"recipe": args.recipe, **recipe, "verdict": args.verdict, "seed": args.seed, "n_test": args.n_test,
+    summary = {"recipe": args.recipe, "overrides": overrides, **recipe, "verdict": args.verdict, "seed": args.seed, "n_test": args.n_test,
                "n_val": args.n_val, "before": before["accuracy"], "after": after["accuracy"], **pair, **writer,
                "best_step": compiled.manifest.best_step, "rollout_tokens": workflow_tokens(Path(args.run_dir)),
                "seconds": round(time.time() - t0, 1)}

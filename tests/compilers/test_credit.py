@@ -111,6 +111,17 @@ def test_verified_judge_is_scored_on_agreeing_with_the_gold_answer(answer, verdi
     assert g.calls[1].reward == reward  # None: unreadable verdict inherits the rollout's reward
 
 
+@pytest.mark.parametrize("answer,verdict,reward", [
+    ("5", "correct", 1.0), ("4", "incorrect, 2+3 is 5", 1.0), ("4", "Yes", 0.0),
+    # hand-worked: unreadable reads as the reject EvalOpt acted on: right after a wrong answer, wrong after a right one
+    ("4", "hmm", 1.0), ("5", "The sum is correct.", 0.0), ("5", "", 0.0),
+])
+def test_verified_strict_scores_an_unreadable_verdict_as_a_reject(answer, verdict, reward):
+    g = judge_rollout(answer, verdict)
+    get_credit("verified-strict")(exact, g, metric_failure_score=None)
+    assert [c.reward for c in g.calls] == [float(answer == "5"), reward]
+
+
 def evalopt_rollout(first, verdict, revised):
     """EvalOpt, one round: generator -> evaluator (shown the answer) -> optimizer (shown the answer and verdict)."""
     calls = [node(0, "generator", 0, {"answer": first}), node(1, "evaluator", 0, {"verdict": verdict}),
@@ -153,3 +164,5 @@ def test_verified_judge_is_scored_on_the_decision_the_program_acted_on(verdict, 
     stopped = not g.calls_of("optimizer")
     assert stopped is (read_verdict(verdict) is True)
     assert judge.reward == {True: 0.0, False: 1.0, None: None}[read_verdict(verdict)]  # None: inherits the rollout's
+    get_credit("verified-strict")(exact, g, metric_failure_score=0.0)
+    assert judge.reward == (0.0 if stopped else 1.0)  # strict: whatever did not stop the loop was a reject
