@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"only after, {pair['only_before']} only before)")
     print(f"artifact: {compiled.save(args.out)}")
     summary = {"recipe": args.recipe, "overrides": overrides, **recipe, "verdict": args.verdict, "seed": args.seed,
-               "n_test": args.n_test, "n_val": args.n_val, "before": before["accuracy"], "after": after["accuracy"], **pair, **writer,
+               "n_test": args.n_test, "n_val": args.n_val, "before": before["accuracy"], "after": after["accuracy"],
+               **pair, **writer,
                "best_step": compiled.manifest.best_step, "rollout_tokens": workflow_tokens(Path(args.run_dir)),
                "seconds": round(time.time() - t0, 1)}
     (Path(args.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1, default=str))

@@ -54,7 +54,8 @@ def test_the_code_workflow_runs_end_to_end_on_the_tiny_model(script, tiny_handle
     monkeypatch.chdir(tmp_path)
     summary = script.main(["--model", "tiny", "--steps", "1", "--n-train", "4", "--n-val", "2", "--n-test", "3",
                            "--examples-per-step", "1", "--group-size", "2", "--max-tokens", "8", "--eval-every", "0",
-                           "--verdict", "word", "--set", "credit=verified-strict", "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "artifact")])
+                           "--verdict", "word", "--set", "credit=verified-strict",
+                           "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "artifact")])
     assert json.loads(json.dumps(summary, default=str)) == json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["recipe"] == "wide-warmup" and summary["steps"] == 1 and summary["max_tokens"] == 8
     assert summary["n_test"] == 3 and summary["only_after"] + summary["only_before"] <= 3
