@@ -13,7 +13,7 @@ another on a 24 GB machine. The script is the template for a larger model (``--m
 
     python examples/code_workflow.py            # = --recipe wide-warmup --steps 8 --n-val 32 --n-test 160
     python examples/code_workflow.py --resume   # a killed run continues from its checkpoint in --run-dir
-    python examples/code_workflow.py --verdict word --set credit=verified-strict   # a reviewer that must decide
+    python examples/code_workflow.py --set credit=verified-strict   # override one recipe field
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from compilers import MMGRPO, evaluate
 from compilers.recipes import get_recipe
 from compilers.score import call_metric, paired_difference
 from programs import EvalOpt
-from programs.eval_opt import VERDICT_STYLES, accepted
+from programs.eval_opt import accepted
 from wfc.engines.hf import HFEngine
 from wfc.tasks import get_task
 
@@ -72,8 +72,6 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--group-size", type=int, default=None, help="default: the recipe's")
     ap.add_argument("--eval-every", type=int, default=4, help="validate every N steps (0: never)")
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--verdict", default="reason", choices=sorted(VERDICT_STYLES),
-                    help="how the reviewer is asked for its verdict (programs/eval_opt.py VERDICT_STYLES)")
     ap.add_argument("--n-train", type=int, default=100)
     ap.add_argument("--n-val", type=int, default=32, help="validation tasks (keep-best picks the step by them)")
     ap.add_argument("--n-test", type=int, default=160)
@@ -88,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.time()
     task = get_task("codegen", n_train=args.n_train, n_val=args.n_val, n_test=args.n_test)
     engine = HFEngine(args.model)
-    program = EvalOpt(task.signature, rounds=1, verdict=args.verdict, name="code-evalopt")
+    program = EvalOpt(task.signature, rounds=1, name="code-evalopt")
     recipe = {**get_recipe(args.recipe), "steps": args.steps, "max_tokens": args.max_tokens}
     for key in ("examples_per_step", "group_size", "eval_every"):
         if getattr(args, key) is not None:
@@ -115,9 +113,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"paired difference {pair['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({pair['only_after']} tasks passed "
           f"only after, {pair['only_before']} only before)")
     print(f"artifact: {compiled.save(args.out)}")
-    summary = {"recipe": args.recipe, "overrides": overrides, **recipe, "verdict": args.verdict, "seed": args.seed,
-               "n_test": args.n_test, "n_val": args.n_val, "before": before["accuracy"], "after": after["accuracy"],
-               **pair, **writer,
+    summary = {"recipe": args.recipe, "overrides": overrides, **recipe, "seed": args.seed, "n_test": args.n_test,
+               "n_val": args.n_val, "before": before["accuracy"], "after": after["accuracy"], **pair, **writer,
                "best_step": compiled.manifest.best_step, "rollout_tokens": workflow_tokens(Path(args.run_dir)),
                "seconds": round(time.time() - t0, 1)}
     (Path(args.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
