@@ -25,7 +25,9 @@ Variants (a small registry, selected by ``MMGRPOConfig.credit``):
   model's untrained judge writes prose ("The function `f` is indeed correct.") on every call, so under ``verified``
   every verdict inherits the rollout's reward and nothing teaches the judge to open with a verdict, or which one;
   scored on the decision the program took, a prose verdict on a right answer learns "wrong". Only for programs that,
-  like EvalOpt, treat an unreadable verdict as a reject.
+  like EvalOpt, treat an unreadable verdict as a reject. It can only reinforce a readable verdict the judge samples:
+  SmolLM2-135M's untrained code reviewer sampled none in 128 (T=0.7), so there it is not expected to help alone;
+  not yet measured in training.
 
 Invariant: credit only sets ``CallNode.reward`` / ``CallNode.no_credit`` on calls with status ``ok`` of rollouts with
 status ``ok``; format errors and crashes keep their failure scores (``compilers.group.call_reward``). The user's metric
