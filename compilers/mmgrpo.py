@@ -595,6 +595,8 @@ def _policy_and_engine(engine, policy: Policy | None, model: str, cfg: MMGRPOCon
     elif cfg.device != "auto" and resolve_device(cfg.device) != policy.device:
         raise ValueError(f"device={cfg.device!r} but the policy lives on {policy.device}: build the policy (or the "
                          f"HF engine) with device={cfg.device!r}, or leave device='auto'")
+    if cfg.gradient_checkpointing:  # a policy taken from the engine (or given) was built without asking for it
+        policy.enable_gradient_checkpointing()
     if engine is None or engine == "hf":
         engine = HFEngine(policy=policy)
     elif isinstance(engine, str):  # "vllm" or "vllm-server": its own copy of the base, adapters handed over

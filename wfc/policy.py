@@ -95,9 +95,9 @@ class Policy:
         # on the CPU, grouped key/value heads broadcast inside SDPA rather than copied per layer: same outputs,
         # faster decode (wfc/attention.py)
         use_gqa_sdpa(self.model, self.device)
-        self.gradient_checkpointing = gradient_checkpointing
-        if gradient_checkpointing:  # active only in training mode (see training()); non-reentrant: no input grads
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.gradient_checkpointing = False
+        if gradient_checkpointing:
+            self.enable_gradient_checkpointing()
         self.lock = threading.RLock()
         self._revisions: dict[str, int] = {}
 
@@ -201,6 +201,14 @@ class Policy:
         if self.device.type == "cuda":
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+    def enable_gradient_checkpointing(self) -> None:
+        """Recompute each layer's activations in backward instead of keeping them (less memory, slower update).
+        Active only in training mode (see :meth:`training`), so rollouts and evaluation are unchanged; non-reentrant,
+        so the inputs need no gradients."""
+        if not self.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.gradient_checkpointing = True
 
     @contextlib.contextmanager
     def training(self):

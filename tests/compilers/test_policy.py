@@ -210,3 +210,46 @@ def test_a_bf16_hf_engine_alone_gets_a_policy_of_its_own_in_the_config_dtype():
         fp32.close()
     finally:
         engine.close()
+
+
+def _lora_grads_and_layer_calls(policy: Policy) -> tuple[dict[str, torch.Tensor], int]:
+    """One backward through adapter "solver" in training mode: its LoRA gradients, and how often layer 0's attention
+    ran (a hook on the attention, not the layer: a checkpointed recompute stops once it has what backward needs, before
+    the layer's own forward returns)."""
+    torch.manual_seed(0)  # lora_A's initial draw: the same adapter in every policy compared
+    policy.add_adapter("solver", LORA.peft_config())
+    _perturb(policy, "solver", seed=1)  # lora_B starts at 0; make A's gradients non-zero too
+    calls = []
+    handle = policy.base_model.model.layers[0].self_attn.register_forward_hook(lambda *_: calls.append(1))
+    ids = torch.tensor([[1, 5, 9, 3, 7, 2]])
+    with policy.training() as model:
+        model.set_adapter("solver")
+        model(input_ids=ids).logits.float().pow(2).mean().backward()
+    handle.remove()
+    grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if "lora_" in n and p.grad is not None}
+    return grads, len(calls)
+
+
+@pytest.mark.parametrize("how", ["constructor", "config"])
+def test_gradient_checkpointing_recomputes_layers_in_backward_with_the_same_gradients(how):
+    """Checkpointing runs each layer again in backward (so its activations were not kept) and changes no gradient;
+    compile turns it on for a policy taken from an HF engine that was built without it (code_workflow and the demo
+    pass such an engine: before, ``gradient_checkpointing=True`` was silently ignored there)."""
+    from compilers.mmgrpo import _policy_and_engine
+
+    plain_grads, plain_calls = _lora_grads_and_layer_calls(Policy("tiny", device="cpu"))
+    if how == "constructor":
+        policy = Policy("tiny", device="cpu", gradient_checkpointing=True)
+    else:
+        engine = HFEngine("tiny", device="cpu")
+        try:
+            policy = _policy_and_engine(engine, None, "tiny", MMGRPOConfig(device="cpu", gradient_checkpointing=True))[1]
+        finally:
+            engine.close()
+        assert policy is engine.policy
+    grads, calls = _lora_grads_and_layer_calls(policy)
+    assert (plain_calls, calls) == (1, 2)
+    assert grads.keys() == plain_grads.keys() and len(grads) > 0
+    for name in grads:
+        torch.testing.assert_close(grads[name], plain_grads[name], rtol=1e-5, atol=1e-6)
+    assert not policy.model.training  # eval mode again after the update: rollouts never checkpoint
