@@ -243,7 +243,8 @@ def test_gradient_checkpointing_recomputes_layers_in_backward_with_the_same_grad
     else:
         engine = HFEngine("tiny", device="cpu")
         try:
-            policy = _policy_and_engine(engine, None, "tiny", MMGRPOConfig(device="cpu", gradient_checkpointing=True))[1]
+            cfg = MMGRPOConfig(device="cpu", gradient_checkpointing=True)
+            policy = _policy_and_engine(engine, None, "tiny", cfg)[1]
         finally:
             engine.close()
         assert policy is engine.policy
