@@ -586,16 +586,15 @@ def _policy_and_engine(engine, policy: Policy | None, model: str, cfg: MMGRPOCon
         if engine.policy.dtype == getattr(torch, cfg.dtype):
             policy = engine.policy
         else:  # a rollout engine in another dtype (bf16): train a policy of its own, in the config's dtype
-            policy = Policy(engine.handle.name, device=cfg.device, dtype=cfg.dtype,
-                            gradient_checkpointing=cfg.gradient_checkpointing)
+            policy = Policy(engine.handle.name, device=cfg.device, dtype=cfg.dtype)
     if policy is None:
         handle = getattr(engine, "handle", None)
         base = handle if isinstance(handle, ModelHandle) else model
-        policy = Policy(base, device=cfg.device, dtype=cfg.dtype, gradient_checkpointing=cfg.gradient_checkpointing)
+        policy = Policy(base, device=cfg.device, dtype=cfg.dtype)
     elif cfg.device != "auto" and resolve_device(cfg.device) != policy.device:
         raise ValueError(f"device={cfg.device!r} but the policy lives on {policy.device}: build the policy (or the "
                          f"HF engine) with device={cfg.device!r}, or leave device='auto'")
-    if cfg.gradient_checkpointing:  # a policy taken from the engine (or given) was built without asking for it
+    if cfg.gradient_checkpointing:  # one place for every policy: built here, taken from the engine, or given
         policy.enable_gradient_checkpointing()
     if engine is None or engine == "hf":
         engine = HFEngine(policy=policy)
