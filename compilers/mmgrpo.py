@@ -10,7 +10,8 @@ generates. After every weight change (creation, update, rollback, restore, the f
 handed over with the engine's one weight method, ``load_adapters(policy.export(names))``: the HF engine shares the
 policy's model (colocated: a no-op); the vLLM engines get only those adapters' tensors, never the base weights.
 Where the policy lives: ``device`` (``auto``: CUDA when available; bf16 autocast for training there), ``dtype``,
-``gradient_checkpointing`` in :class:`~compilers.config.MMGRPOConfig`, used when compile builds the policy.
+``gradient_checkpointing`` in :class:`~compilers.config.MMGRPOConfig`: the first two used when compile builds the
+policy; checkpointing also switched on for a policy taken from the HF engine or given.
 
 Validation runs before training, every ``eval_every`` steps and at the end; every evaluated revision is kept, and the
 artifact holds the best one (or the last, on request).
