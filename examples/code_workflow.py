@@ -16,6 +16,7 @@ step's peak 12.7 -> 9.0 GB, its update 37% slower). The script is the template f
     python examples/code_workflow.py            # = --recipe wide-warmup --steps 8 --n-val 32 --n-test 160
     python examples/code_workflow.py --resume   # a killed run continues from its checkpoint in --run-dir
     python examples/code_workflow.py --set credit=verified-strict   # override one recipe field
+    python examples/code_workflow.py --choose-verdict   # the reviewer picks correct / incorrect (decoded as a choice)
 """
 
 from __future__ import annotations
@@ -82,13 +83,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default="artifacts/code-evalopt")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override one recipe field (a JSON value), e.g. --set credit=verified-strict")
+    ap.add_argument("--choose-verdict", action="store_true",
+                    help="the reviewer chooses 'correct' or 'incorrect' (EvalOpt(choose_verdict=True)) instead of "
+                         "writing a verdict")
     ap.add_argument("--resume", action="store_true",
                     help="continue a killed run from the checkpoint in --run-dir (same flags as that run)")
     args = ap.parse_args(argv)
     t0 = time.time()
     task = get_task("codegen", n_train=args.n_train, n_val=args.n_val, n_test=args.n_test)
     engine = HFEngine(args.model)
-    program = EvalOpt(task.signature, rounds=1, name="code-evalopt")
+    program = EvalOpt(task.signature, rounds=1, choose_verdict=args.choose_verdict, name="code-evalopt")
     recipe = {**get_recipe(args.recipe), "steps": args.steps, "max_tokens": args.max_tokens}
     for key in ("examples_per_step", "group_size", "eval_every"):
         if getattr(args, key) is not None:
@@ -115,7 +119,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"paired difference {pair['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({pair['only_after']} tasks passed "
           f"only after, {pair['only_before']} only before)")
     print(f"artifact: {compiled.save(args.out)}")
-    summary = {"recipe": args.recipe, "overrides": overrides, **recipe, "seed": args.seed, "n_test": args.n_test,
+    summary = {"recipe": args.recipe, "overrides": overrides, "choose_verdict": args.choose_verdict, **recipe,
+               "seed": args.seed, "n_test": args.n_test,
                "n_val": args.n_val, "before": before["accuracy"], "after": after["accuracy"], **pair, **writer,
                "best_step": compiled.manifest.best_step, "rollout_tokens": workflow_tokens(Path(args.run_dir)),
                "seconds": round(time.time() - t0, 1)}

@@ -10,6 +10,10 @@ one output field there is nothing to delimit, so this adapter:
   (measured on the demo task: base pass rate at T=0.7 and greedy accuracy, 12 new tokens, both up or equal);
 - parses: the whole completion is the output field's value, coerced to its annotation (``list[str]`` also accepts one
   item per line; ``bool`` accepts yes/no/true/false/correct). A value that cannot be coerced is a format error.
+- constrains: a single output annotated ``Literal["a", "b", ...]`` (strings) is decoded as one of its values
+  (:meth:`CompactChatAdapter.choices`, which the rollout engine passes on as ``SamplingParams.choices``), and the
+  reply line names them. A 135M model asked for a one-word verdict answers in prose (0 of 32 greedy EvalOpt verdicts
+  readable on the code task); choosing among the values makes every call readable, so credit can score it.
 
 Roles with several output fields (e.g. ``ChainOfThought``'s reasoning + answer) fall back to ChatAdapter's sections,
 strictly (no JSON retry: a retry would be a second, hidden LM call in the rollout graph).
@@ -70,6 +74,16 @@ class CompactChatAdapter(ChatAdapter):
         kwargs.setdefault("use_json_adapter_fallback", False)
         super().__init__(**kwargs)
 
+    @classmethod
+    def choices(cls, signature) -> tuple[str, ...]:
+        """The values a completion must be one of: a single output annotated ``Literal`` of strings; else ()."""
+        field = cls._single_output(signature)
+        if field is None:
+            return ()
+        annotation = signature.output_fields[field].annotation
+        values = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal else ()
+        return tuple(values) if values and all(isinstance(v, str) for v in values) else ()
+
     @staticmethod
     def _single_output(signature) -> str | None:
         outputs = list(signature.output_fields)
@@ -100,7 +114,9 @@ class CompactChatAdapter(ChatAdapter):
         desc = (info.json_schema_extra or {}).get("desc") or field
         hint = desc if desc and not desc.startswith("${") else field.replace("_", " ")
         article = "" if hint.lower().startswith(("the ", "a ", "an ")) else "the "
-        reply = f"Reply with only {article}{hint}."
+        options = self.choices(signature)
+        named = (": " + ", ".join(options[:-1]) + " or " + options[-1]) if options else ""
+        reply = f"Reply with only {article}{hint}{named}."
         messages = [{"role": "system", "content": f"{signature.instructions.strip()}\n{reply}"}]
         for demo in demos or []:
             if field in demo:

@@ -142,10 +142,14 @@ class RoleEngine:
     def complete(self, request):
         messages = _messages(request)
         cfg = request.config
+        parser = self._parser()
         sampling = self.sampling.model_copy(update={
             "temperature": cfg.temperature if cfg.temperature is not None else self.sampling.temperature,
             "max_tokens": cfg.max_tokens if cfg.max_tokens is not None else self.sampling.max_tokens,
             "stop": tuple(cfg.stop) if cfg.stop else self.sampling.stop,
+            # a Literal output is decoded as one of its values when the adapter in effect reads the completion as
+            # that value (the compact adapter's single-output format)
+            "choices": parser.choices(self.signature) if isinstance(parser, CompactChatAdapter) else (),
         })
         node = self.recorder.start(self.role, self.adapter, messages, sampling.temperature) if self.recorder else None
         seed = self.recorder.seed_of(node) if node is not None else None
@@ -161,12 +165,11 @@ class RoleEngine:
             node.prompt_ids, node.completion_ids, node.logprobs = gen.prompt_ids, gen.completion_ids, gen.logprobs
             node.logprobs_known = gen.logprobs_known
             node.text, node.finish_reason = gen.text, gen.finish_reason
-            adapter = dspy.settings.adapter or CompactChatAdapter()
             if not gen.text:  # DSPy rejects an empty response before parsing: so does the graph
                 node.status, node.error = "format_error", "empty completion"
             else:
                 try:
-                    node.outputs = adapter.parse(self.signature, gen.text)
+                    node.outputs = parser.parse(self.signature, gen.text)
                 except AdapterParseError as exc:
                     node.status, node.error = "format_error", str(exc)[:500]
                 except Exception as exc:  # a parser bug is still this call's format failure, never a lost call
@@ -178,6 +181,11 @@ class RoleEngine:
                         # truncation is routine in RL rollouts and is kept on the node (finish_reason); telling
                         # DSPy would only log a warning per call
                         finish_reason="stop", usage=usage)
+
+    @staticmethod
+    def _parser():
+        """The DSPy adapter that formats and parses this call (DSPy's setting, else the compact one)."""
+        return dspy.settings.adapter or CompactChatAdapter()
 
     def stream(self, request):
         from dspy.lm15 import response_to_events

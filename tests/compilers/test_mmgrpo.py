@@ -197,3 +197,27 @@ def test_a_seeded_compile_draws_the_same_rollouts_batched_or_one_by_one(tmp_path
     # differ by float rounding between batch layouts, and Adam magnifies that on near-zero gradient entries
     diff = max((a[n][k] - b[n][k]).abs().max().item() for n in a for k in a[n])
     assert diff < 1e-4, diff  # measured 2.3e-5; different draws move weights by whole steps
+
+
+def test_a_chosen_verdict_role_trains_on_the_choices_it_drew_and_loads_back_as_one(engine, tmp_path):
+    """EvalOpt(choose_verdict=True): the evaluator's calls are choice requests; they are trained like any call (the
+    trainer's log-probs of the chosen tokens equal the engine's: no mismatch) and the loaded artifact's evaluator is
+    still decoded as a choice, answering as the compiled program does."""
+    from programs import EvalOpt
+    from wfc.adapter import CompactChatAdapter
+
+    program = EvalOpt(SIG, rounds=1, choose_verdict=True)
+    compiled = MMGRPO(length_metric, **small(steps=1, eval_every=0, temperature=1.0)).compile(
+        program, trainset=TRAIN, engine=engine, run_dir=tmp_path / "run", progress=False)
+    (step,) = [r for r in compiled.manifest.history if r["kind"] == "step"]
+    assert step["roles"]["evaluator"]["calls"] > 0
+    assert step["logprob_mismatch"]["tokens"] > 0 and step["logprob_mismatch"]["max_abs"] < 1e-3
+    path = compiled.save(tmp_path / "art")
+    loaded = wfc.load(path, model="tiny")
+    try:
+        judge = dict(loaded.program.named_predictors())["evaluator"]
+        assert CompactChatAdapter.choices(judge.signature) == ("correct", "incorrect")
+        for q in ("What is 2 plus 2?", "What is 3 plus 1?"):
+            assert loaded(question=q).answer == compiled(question=q).answer
+    finally:
+        loaded.engine.close()

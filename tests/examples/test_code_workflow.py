@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+import wfc
+from wfc.adapter import CompactChatAdapter
 from wfc.rollout import CallNode, RolloutGraph
 from wfc.tasks.codegen import make_codegen
 from wfc.tasks.code import code_metric
@@ -53,7 +55,7 @@ def test_the_code_workflow_runs_end_to_end_on_the_tiny_model(script, tiny_handle
     monkeypatch.chdir(tmp_path)
     summary = script.main(["--model", "tiny", "--steps", "1", "--n-train", "4", "--n-val", "2", "--n-test", "3",
                            "--examples-per-step", "1", "--group-size", "2", "--max-tokens", "8", "--eval-every", "0",
-                           "--set", "credit=verified-strict",
+                           "--set", "credit=verified-strict", "--choose-verdict",
                            "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / "artifact")])
     assert json.loads(json.dumps(summary, default=str)) == json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["recipe"] == "wide-warmup" and summary["steps"] == 1 and summary["max_tokens"] == 8
@@ -65,6 +67,13 @@ def test_the_code_workflow_runs_end_to_end_on_the_tiny_model(script, tiny_handle
     manifest = json.loads((tmp_path / "artifact" / "manifest.json").read_text())
     assert manifest["base_model"] == "tiny"
     assert summary["credit"] == "verified-strict" and summary["overrides"] == {"credit": "verified-strict"}
+    assert summary["choose_verdict"] is True
+    loaded = wfc.load(tmp_path / "artifact", model="tiny")
+    try:  # the shipped reviewer still chooses its verdict
+        judge = dict(loaded.program.named_predictors())["evaluator"]
+        assert CompactChatAdapter.choices(judge.signature) == ("correct", "incorrect")
+    finally:
+        loaded.engine.close()
     assert not (tmp_path / "runs").exists() and not (tmp_path / "artifacts").exists()  # only where it was told
 
 

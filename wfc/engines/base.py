@@ -1,6 +1,14 @@
 """The engine protocol: batched chat generation where every request names its adapter and sampling settings.
 
 Data model:
+- ``SamplingParams``: temperature (0: greedy), top-p, the token budget, stop strings, and ``choices``: when set, the
+  completion is one of these strings, whole, followed by EOS (a role whose one output is a ``Literal``, e.g. a
+  verdict; ``wfc.adapter.CompactChatAdapter.choices``). A choice request is scored, not decoded: the engine computes
+  each choice's log-probability under the temperature-scaled distribution, greedy takes the most probable, sampling
+  draws one in proportion to those probabilities (top-p and stop strings do not apply). Why whole choices rather
+  than a token-level mask: the drawn choice's probability is its full-vocabulary probability over a normaliser that
+  is the same for every choice of the prompt, so with group-centred advantages the policy gradient through the
+  full-vocabulary log-probs the trainer computes is exactly the gradient of the restricted distribution.
 - ``GenerationRequest``: chat ``messages``, the ``adapter`` to route through (``None`` = the base model),
   ``SamplingParams`` and an optional sampling ``seed``: a sampled request with a seed draws its random numbers from a
   generator of its own seeded with it, so the same request with the same seed yields the same tokens whichever
@@ -8,7 +16,8 @@ Data model:
   Greedy requests ignore it.
 - ``Generation``: the completion ``text``; ``prompt_ids`` (exactly the tokens the model was conditioned on, no
   padding); ``completion_ids`` (exactly the tokens it produced, ending at EOS or a stop string, no padding);
-  ``logprobs`` (one per completion token, under the temperature-scaled distribution it was sampled from);
+  ``logprobs`` (one per completion token, under the temperature-scaled distribution it was sampled from; for a
+  choice request, the full-vocabulary log-probs of the chosen choice's tokens, see ``SamplingParams``);
   ``logprobs_known`` (False: the engine has no log-probs, e.g. a scripted fake; ``logprobs`` are then placeholders
   and the trainer treats them as unknown).
 - ``AdapterRevision``: one adapter's weights as the trainer (``wfc.policy.Policy``) exports them: ``name``,
@@ -30,7 +39,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 BASE = None  # the adapter name of "no adapter" in requests
 
@@ -42,10 +51,30 @@ class SamplingParams(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int = Field(128, ge=1, le=32768)
     stop: tuple[str, ...] = ()
+    choices: tuple[str, ...] = Field((), description="the completion is one of these, whole (module doc)")
+
+    @field_validator("choices")
+    @classmethod
+    def _distinct_nonempty(cls, choices: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not c.strip() for c in choices):
+            raise ValueError(f"choices must be non-empty strings, got {list(choices)!r}")
+        if len(set(choices)) != len(choices):
+            raise ValueError(f"choices must be distinct, got {list(choices)!r}")
+        if len(choices) == 1:
+            raise ValueError(f"one choice is no choice: give two or more, got {list(choices)!r}")
+        return choices
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def refuse_choices(sampling: SamplingParams, engine: str) -> None:
+    """Raise, saying what to do, when an engine that cannot score whole choices is asked to."""
+    if sampling.choices:
+        raise ValueError(f"{engine} cannot decode choice requests (choices {list(sampling.choices)!r}, from a role "
+                         "whose output is a Literal): run that role on the HF engine (wfc.engines.hf.HFEngine), or "
+                         "declare its output as str")
 
 
 class GenerationRequest(BaseModel):

@@ -65,6 +65,9 @@ class ScriptedEngine:
         with self._lock:
             self.calls.append(request)
             text = self._answer(request)
+        if request.sampling.choices and text not in request.sampling.choices:
+            raise LookupError(f"ScriptedEngine: scripted answer {text!r} is not one of the request's choices "
+                              f"{list(request.sampling.choices)!r}: a choice request always gets one of them")
         if self.tokenizer is None:
             prompt_ids = _encode("\n".join(m["content"] for m in request.messages))
             ids = _encode(text)

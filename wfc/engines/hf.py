@@ -34,6 +34,7 @@ from wfc.models import ModelHandle
 from wfc.policy import Policy
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed batch
+CHOICE_ROWS = 16  # choice requests scored per forward pass (each is one row per choice)
 
 
 def sample_tokens(logprobs: torch.Tensor, uniform: torch.Tensor, *, top_p: float = 1.0) -> torch.Tensor:
@@ -231,14 +232,16 @@ class HFEngine(BatchingEngine):
         ordered = [requests[i] for i in order]
         ids = [self.encode_prompt(r.messages) for r in ordered]  # tokenized once, for the plan and the layout
         parts = [list(range(len(ordered)))]
-        if self.share_prefill and len(ordered) > 1:
+        if sampling.choices:  # scored in parts of CHOICE_ROWS requests, which bounds the forward pass's memory
+            parts = [parts[0][s:s + CHOICE_ROWS] for s in range(0, len(ordered), CHOICE_ROWS)]
+        elif self.share_prefill and len(ordered) > 1:
             kinds = [(r.messages[0].get("content", "") if r.messages else "", r.adapter) for r in ordered]
             parts = plan_subbatches(ids, kinds, decode_cost=sampling.max_tokens * self.decode_step_tokens,
                                     min_shared=self.min_shared_prefix)
         results: list[Generation] = [None] * len(ordered)  # type: ignore[list-item]
+        run = self._choose_rows if sampling.choices else self._generate_rows
         for part in parts:
-            for row, gen in zip(part, self._generate_rows([ordered[i] for i in part], sampling,
-                                                          [ids[i] for i in part])):
+            for row, gen in zip(part, run([ordered[i] for i in part], sampling, [ids[i] for i in part])):
                 results[row] = gen
         out: list[Generation] = [None] * len(requests)  # type: ignore[list-item]
         for row, i in enumerate(order):
@@ -320,6 +323,65 @@ class HFEngine(BatchingEngine):
                     finish_reason=finish,
                 )
             )
+        return results
+
+    def _choose_rows(self, requests: list[GenerationRequest], sampling: SamplingParams,
+                     prompt_ids: list[list[int]]) -> list[Generation]:
+        """Choice requests (``SamplingParams.choices``): every choice, as its tokens then EOS, is scored after each
+        prompt in one forward pass (rows ``prompt | choice``, left-padded so the choices end every row alike, logits
+        kept for the last positions only); greedy takes the choice of highest log-probability (T=1), sampling draws
+        one by inverse CDF over the choices' probabilities at the temperature, with the request's own generator when
+        it has a seed. The Generation reports the chosen tokens' full-vocabulary log-probs, as the trainer computes
+        them."""
+        tok = self.tokenizer
+        options = [tok(c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in sampling.choices]
+        longest = max(len(o) for o in options)
+        if longest > sampling.max_tokens:
+            raise ValueError(f"a choice of {sampling.choices!r} takes {longest} tokens with EOS, more than "
+                             f"max_tokens={sampling.max_tokens}: raise max_tokens or shorten the choices")
+        wanted = [r.adapter for r in requests for _ in options]
+        missing = sorted({a for a in wanted if a is not None} - set(self.adapters))
+        if missing:
+            raise ValueError(f"unknown adapter(s) {missing}; this engine has {self.adapters or 'none'}")
+        rows = [p + o for p in prompt_ids for o in options]
+        width = max(len(r) for r in rows)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r):], mask[i, width - len(r):] = torch.tensor(r, dtype=torch.long), 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        temperature = sampling.temperature if not sampling.greedy else 1.0
+        kwargs: dict[str, Any] = {}
+        policy = self.policy
+        device = policy.device
+        with policy.lock, torch.inference_mode():
+            model = policy.model
+            model.eval()
+            with self._adapters(model, wanted, kwargs):
+                # the logit at column c predicts column c + 1: the last `longest` tokens need the `longest + 1` last
+                logits = model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                               position_ids=positions.to(device), logits_to_keep=longest + 1, **kwargs).logits
+            lps = torch.log_softmax(logits[:, :-1].float().cpu() / temperature, dim=-1)  # (rows, longest, V)
+        self.stats["generate_calls"] += 1
+        self.stats["rows"] += len(requests)
+        self.stats["batch_sizes"].append(len(requests))
+        results = []
+        for q, request in enumerate(requests):
+            token_lps = []
+            for k, option in enumerate(options):
+                row = lps[q * len(options) + k, longest - len(option):]
+                token_lps.append(row.gather(1, torch.tensor(option).unsqueeze(1)).squeeze(1))
+            scores = torch.stack([t.sum() for t in token_lps])
+            if sampling.greedy:
+                pick = int(scores.argmax())
+            else:
+                g = torch.Generator().manual_seed(request.seed) if request.seed is not None else None
+                uniform = torch.rand(1, generator=g) if g is not None else torch.rand(1)
+                pick = int(sample_tokens(torch.log_softmax(scores, -1).unsqueeze(0), uniform)[0])
+            results.append(Generation(text=sampling.choices[pick],
+                                      prompt_ids=list(prompt_ids[q]), completion_ids=list(options[pick]),
+                                      logprobs=token_lps[pick].tolist(), finish_reason="stop"))
         return results
 
     def _adapters(self, model, wanted: list[str | None], kwargs: dict[str, Any]):

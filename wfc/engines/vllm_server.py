@@ -60,7 +60,7 @@ from typing import Any, Sequence
 import torch
 
 from wfc.artifact import write_adapter
-from wfc.engines.base import AdapterRevision, Generation, GenerationRequest, SamplingParams
+from wfc.engines.base import AdapterRevision, Generation, GenerationRequest, SamplingParams, refuse_choices
 from wfc.models import ModelHandle, load_model
 
 log = logging.getLogger(__name__)
@@ -431,8 +431,9 @@ class VLLMServerEngine:
         }
 
     def _complete(self, request: GenerationRequest) -> Generation:
-        prompt = self.encode_prompt(request.messages)
         sampling = request.sampling
+        refuse_choices(sampling, "VLLMServerEngine")
+        prompt = self.encode_prompt(request.messages)
         body = self._body(prompt, request.adapter, sampling, request.seed)
         while True:
             server = self._acquire()

@@ -1,0 +1,132 @@
+"""Choice requests (``SamplingParams.choices``): a role whose one output is a ``Literal`` is decoded as one of its
+values, whole. Checked on the tiny real model against an independent forward pass, and through a scripted fake for
+the wiring (adapter -> rollout engine -> request)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import dspy
+import pytest
+import torch
+from pydantic import ValidationError
+
+from programs import EvalOpt
+from wfc.adapter import CompactChatAdapter
+from wfc.engines.base import GenerationRequest, SamplingParams, refuse_choices
+from wfc.lower import trace
+from wfc.verdict import read_verdict
+
+CHOICES = ("correct", "incorrect")
+MESSAGES = ({"role": "system", "content": "Check the sum."}, {"role": "user", "content": "2 + 3 = 5"})
+
+
+def test_choices_must_be_two_or_more_distinct_nonempty_strings():
+    assert SamplingParams(choices=CHOICES).choices == CHOICES
+    for bad in (("yes",), ("yes", "yes"), ("yes", " ")):
+        with pytest.raises(ValidationError, match="choice"):
+            SamplingParams(choices=bad)
+
+
+def test_engines_that_cannot_score_choices_say_what_to_do():
+    refuse_choices(SamplingParams(), "VLLMEngine")  # no choices: nothing to refuse
+    with pytest.raises(ValueError, match="HF engine"):
+        refuse_choices(SamplingParams(choices=CHOICES), "VLLMEngine")
+
+
+def _reference(engine, messages, temperature: float) -> dict[str, list[float]]:
+    """Each choice's per-token log-probs (its tokens, then EOS) after the prompt, from one plain forward pass per
+    choice under ``log_softmax(logits / T)``: what the trainer computes for a completion."""
+    tok = engine.tokenizer
+    prompt = engine.encode_prompt(messages)
+    out = {}
+    model = engine.policy.model
+    for choice in CHOICES:
+        option = tok(choice, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + option])).logits[0].float()
+        lps = torch.log_softmax(logits[len(prompt) - 1:-1] / temperature, -1)
+        out[choice] = lps.gather(1, torch.tensor(option).unsqueeze(1)).squeeze(1).tolist()
+    return out
+
+
+def test_greedy_choice_is_the_most_probable_whole_choice_with_the_trainers_logprobs(tiny_engine):
+    tok = tiny_engine.tokenizer
+    gen = tiny_engine.generate([GenerationRequest(messages=MESSAGES,
+                                                  sampling=SamplingParams(choices=CHOICES, max_tokens=8))])[0]
+    ref = _reference(tiny_engine, MESSAGES, 1.0)
+    best = max(CHOICES, key=lambda c: sum(ref[c]))
+    assert gen.text == best
+    assert gen.completion_ids == tok(best, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert gen.prompt_ids == tiny_engine.encode_prompt(MESSAGES)
+    assert gen.logprobs == pytest.approx(ref[best], abs=1e-4)
+    assert gen.finish_reason == "stop" and gen.logprobs_known
+
+
+def test_sampled_choices_follow_the_choice_probabilities_at_the_temperature_and_repeat_by_seed(tiny_engine):
+    temperature = 2.0
+    ref = _reference(tiny_engine, MESSAGES, temperature)
+    p = torch.softmax(torch.tensor([sum(ref[c]) for c in CHOICES]), 0)
+    sampling = SamplingParams(choices=CHOICES, temperature=temperature, max_tokens=8)
+    requests = [GenerationRequest(messages=MESSAGES, sampling=sampling, seed=s) for s in range(60)]
+    gens = tiny_engine.generate(requests)
+    for s, gen in enumerate(gens):
+        # the draw is the inverse CDF of the seed's first uniform number over the choices' probabilities
+        u = torch.rand(1, generator=torch.Generator().manual_seed(s)).item()
+        assert gen.text == (CHOICES[0] if u * float(p.sum()) < float(p[0]) else CHOICES[1])
+        assert gen.logprobs == pytest.approx(ref[gen.text], abs=1e-4)
+    assert [g.text for g in tiny_engine.generate(requests[:5])] == [g.text for g in gens[:5]]
+    assert 0 < sum(g.text == CHOICES[0] for g in gens) < len(gens) or min(p) < 0.02
+
+
+def test_a_choice_longer_than_the_token_budget_is_refused(tiny_engine):
+    with pytest.raises(ValueError, match="max_tokens"):
+        tiny_engine.generate([GenerationRequest(messages=MESSAGES,
+                                                sampling=SamplingParams(choices=CHOICES, max_tokens=1))])
+
+
+class Judge(dspy.Signature):
+    """Check the proposed sum."""
+
+    claim: str = dspy.InputField()
+    verdict: Literal["correct", "incorrect"] = dspy.OutputField(desc="verdict")
+
+
+def test_the_compact_adapter_names_a_literal_outputs_values_and_reads_one():
+    adapter = CompactChatAdapter()
+    assert adapter.choices(Judge) == CHOICES
+    assert adapter.choices(dspy.Signature("claim -> verdict")) == ()  # str: free text
+    assert adapter.choices(dspy.Signature("claim -> verdict, reason")) == ()  # sections, not one value
+    messages = adapter.format(Judge, [], {"claim": "2 + 3 = 5"})
+    assert messages[-1]["content"].endswith("Reply with only the verdict: correct or incorrect.")
+    assert adapter.parse(Judge, "incorrect") == {"verdict": "incorrect"}
+
+
+def test_a_literal_role_sends_choice_requests_and_a_str_role_does_not(fake_engine):
+    engine = fake_engine(by_system={"Check the proposed solution": "incorrect", "": "def f():\n    return 1\n"})
+    program = EvalOpt(dspy.Signature("task -> code"), rounds=1, choose_verdict=True)
+    graph = trace(program, {"task": "return one"}, engine)
+    assert graph.status == "ok"
+    by_role = {c.role: c for c in graph.calls}
+    judged = ["is it right?" in r.messages[0]["content"] for r in engine.calls]
+    assert [r.sampling.choices for r in engine.calls] == [CHOICES if j else () for j in judged]
+    assert sum(judged) == 1 and len(engine.calls) == 3  # the writer and the fixer write free text
+    assert by_role["evaluator"].outputs == {"verdict": "incorrect"} and "optimizer" in by_role
+    # the fake keeps the contract too: an answer outside the choices is a crash, not a silent pass
+    bad = fake_engine(by_system={"Check the proposed solution": "maybe", "": "def f():\n    return 1\n"})
+    assert trace(program, {"task": "return one"}, bad).status == "crash"
+
+
+def test_evalopt_with_chosen_verdicts_on_the_tiny_model_always_decides(tiny_engine):
+    program = EvalOpt(dspy.Signature("question -> answer"), rounds=2, choose_verdict=True)
+    sampling = SamplingParams(temperature=1.0, max_tokens=6)
+    for seed in range(3):
+        graph = trace(program, {"question": "What is 2 + 3?"}, tiny_engine, sampling=sampling, seed=seed)
+        verdicts = [c for c in graph.calls if c.role == "evaluator"]
+        assert graph.status == "ok" and verdicts
+        for call in verdicts:
+            assert call.text in CHOICES and read_verdict(call.outputs["verdict"]) is not None
+        # EvalOpt acted on each verdict: revised after a reject, stopped at an accept
+        fixes = sum(c.role == "optimizer" for c in graph.calls)
+        rejects = sum(c.outputs["verdict"] == "incorrect" for c in verdicts)
+        assert fixes == rejects and (verdicts[-1].outputs["verdict"] == "correct" or len(verdicts) == 2)
