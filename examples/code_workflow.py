@@ -31,7 +31,7 @@ from pathlib import Path
 from compilers import MMGRPO, evaluate
 from compilers.recipes import get_recipe
 from compilers.score import call_metric, paired_difference
-from programs import EvalOpt
+from programs import EvalOpt, Single
 from programs.eval_opt import accepted
 from wfc.engines.hf import HFEngine
 from wfc.tasks import get_task
@@ -59,11 +59,40 @@ def writer_pass_rate(graphs, metric) -> float:
     return sum(scores) / max(len(scores), 1)
 
 
+def reviewer_agreement(graphs, metric) -> float | None:
+    """Share of the rollouts whose first verdict EvalOpt acted on as the tests would: accepted when the writer's
+    code passes, revised when it fails (an unreadable verdict is revised). None when no rollout has both a writer's
+    and a reviewer's ok call. The reviewer decides well when this is above the writer's pass rate (what accepting
+    everything would score) and above its fail rate (rejecting everything)."""
+    agree = []
+    for graph in graphs:
+        writer, reviewer = _ok_calls(graph, "generator"), _ok_calls(graph, "evaluator")
+        if writer and reviewer:
+            passed = call_metric(metric, graph.example, writer[0].outputs, metric_failure_score=0.0) >= 1.0
+            agree.append(accepted(reviewer[0].outputs.get("verdict", "")) == passed)
+    return sum(agree) / len(agree) if agree else None
+
+
 def reviewer_accept_rate(graphs) -> float:
     """Share of the reviewer's (EvalOpt's evaluator's) ok calls over ``graphs`` whose verdict EvalOpt accepted
     (``programs.eval_opt.accepted``): each one is a fixer call saved. 0 when it made none."""
     verdicts = [accepted(c.outputs.get("verdict", "")) for g in graphs for c in _ok_calls(g, "evaluator")]
     return sum(verdicts) / max(len(verdicts), 1)
+
+
+def roles_report(graphs, metric, when: str) -> dict:
+    """EvalOpt's roles over ``graphs``: the writer's own pass rate, the reviewer's accept rate and its agreement with
+    the tests, keyed ``writer_<when>``, ``reviewer_accept_<when>``, ``reviewer_agreement_<when>``."""
+    return {f"writer_{when}": writer_pass_rate(graphs, metric), f"reviewer_accept_{when}": reviewer_accept_rate(graphs),
+            f"reviewer_agreement_{when}": reviewer_agreement(graphs, metric)}
+
+
+def _roles_line(report: dict, when: str) -> str:
+    if not report:
+        return ""
+    agreement = report[f"reviewer_agreement_{when}"]
+    return (f" (writer alone {report[f'writer_{when}']:.3f}; reviewer accepted {report[f'reviewer_accept_{when}']:.0%}"
+            f", agreed with the tests on {'n/a' if agreement is None else f'{agreement:.0%}'})")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -83,6 +112,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default="artifacts/code-evalopt")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override one recipe field (a JSON value), e.g. --set credit=verified-strict")
+    ap.add_argument("--program", choices=("evalopt", "single"), default="evalopt",
+                    help="EvalOpt (writer -> reviewer -> fixer), or the writer alone (Single) as the single-role "
+                         "GRPO rival; for equal budgets add --set max_rollout_tokens=N (N: the EvalOpt run's "
+                         "rollout_tokens) and enough --steps for the budget to stop it")
     ap.add_argument("--choose-verdict", action="store_true",
                     help="the reviewer chooses 'correct' or 'incorrect' (EvalOpt(choose_verdict=True)) instead of "
                          "writing a verdict")
@@ -92,7 +125,12 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.time()
     task = get_task("codegen", n_train=args.n_train, n_val=args.n_val, n_test=args.n_test)
     engine = HFEngine(args.model)
-    program = EvalOpt(task.signature, rounds=1, choose_verdict=args.choose_verdict, name="code-evalopt")
+    if args.program == "single":
+        if args.choose_verdict:
+            ap.error("--choose-verdict is an EvalOpt option: Single has no reviewer")
+        program = Single(task.signature, name="code-single")
+    else:
+        program = EvalOpt(task.signature, rounds=1, choose_verdict=args.choose_verdict, name="code-evalopt")
     recipe = {**get_recipe(args.recipe), "steps": args.steps, "max_tokens": args.max_tokens}
     for key in ("examples_per_step", "group_size", "eval_every"):
         if getattr(args, key) is not None:
@@ -101,10 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
     recipe.update(overrides)
     before = evaluate(program, task.testset, engine, metric=task.metric, adapters={}, max_tokens=args.max_tokens,
                       progress="before")
-    writer = {"writer_before": writer_pass_rate(before["graphs"], task.metric),
-              "reviewer_accept_before": reviewer_accept_rate(before["graphs"])}
-    print(f"pass@1 before: {before['accuracy']:.3f} on {before['n']} tasks "
-          f"(writer alone {writer['writer_before']:.3f}; reviewer accepted {writer['reviewer_accept_before']:.0%})")
+    roles = roles_report(before["graphs"], task.metric, "before") if args.program == "evalopt" else {}
+    print(f"pass@1 before: {before['accuracy']:.3f} on {before['n']} tasks{_roles_line(roles, 'before')}")
     compiled = MMGRPO(task.metric, seed=args.seed, **recipe).compile(
         program, trainset=task.trainset, valset=task.valset, engine=engine, run_dir=args.run_dir,
         resume=args.run_dir if args.resume else None)
@@ -112,16 +148,15 @@ def main(argv: list[str] | None = None) -> dict:
                      max_tokens=args.max_tokens, progress="after")
     pair = paired_difference([float(g.reward) for g in before["graphs"]], [float(g.reward) for g in after["graphs"]])
     lo, hi = pair["interval"]
-    writer["writer_after"] = writer_pass_rate(after["graphs"], task.metric)
-    writer["reviewer_accept_after"] = reviewer_accept_rate(after["graphs"])
-    print(f"pass@1 after:  {after['accuracy']:.3f} on {after['n']} tasks (best step {compiled.manifest.best_step}; "
-          f"writer alone {writer['writer_after']:.3f}; reviewer accepted {writer['reviewer_accept_after']:.0%}); "
-          f"paired difference {pair['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({pair['only_after']} tasks passed "
-          f"only after, {pair['only_before']} only before)")
+    if args.program == "evalopt":
+        roles.update(roles_report(after["graphs"], task.metric, "after"))
+    print(f"pass@1 after:  {after['accuracy']:.3f} on {after['n']} tasks (best step {compiled.manifest.best_step})"
+          f"{_roles_line(roles, 'after')}; paired difference {pair['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}] "
+          f"({pair['only_after']} tasks passed only after, {pair['only_before']} only before)")
     print(f"artifact: {compiled.save(args.out)}")
-    summary = {"recipe": args.recipe, "overrides": overrides, "choose_verdict": args.choose_verdict, **recipe,
-               "seed": args.seed, "n_test": args.n_test,
-               "n_val": args.n_val, "before": before["accuracy"], "after": after["accuracy"], **pair, **writer,
+    summary = {"program": args.program, "recipe": args.recipe, "overrides": overrides,
+               "choose_verdict": args.choose_verdict, **recipe, "seed": args.seed, "n_test": args.n_test,
+               "n_val": args.n_val, "before": before["accuracy"], "after": after["accuracy"], **pair, **roles,
                "best_step": compiled.manifest.best_step, "rollout_tokens": workflow_tokens(Path(args.run_dir)),
                "seconds": round(time.time() - t0, 1)}
     (Path(args.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1, default=str))

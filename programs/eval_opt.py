@@ -48,7 +48,8 @@ class EvalOpt(Program):
             check = ("Check the proposed solution of the task. Reply 'correct' if it is right; otherwise reply "
                      "'incorrect' and say briefly what is wrong.")
             verdict = (str, "'correct', or 'incorrect' with the reason")
-        self.evaluator = predictor(derive(sig, outputs_as_inputs=True, instructions=check, outputs={"verdict": verdict}))
+        self.evaluator = predictor(derive(sig, outputs_as_inputs=True, instructions=check,
+                                          outputs={"verdict": verdict}))
         self.optimizer = predictor(derive(
             sig, outputs_as_inputs=True, prefix="previous_",
             instructions=f"{sig.instructions.strip()}\nA reviewer found a problem with the previous solution. Fix it.",

@@ -50,6 +50,44 @@ def test_reviewer_accept_rate_counts_the_verdicts_evalopt_stopped_on(script):
     assert script.reviewer_accept_rate([]) == 0.0
 
 
+def test_reviewer_agreement_compares_the_first_verdict_with_the_writers_tests(script):
+    example = make_codegen(1, seed=3)[0]
+    right, wrong = example.solution, "def nothing():\n    return None\n"
+
+    def reviewed(code, verdict, status="ok"):
+        calls = [CallNode(id=0, role="generator", invocation=0, messages=[{"role": "user", "content": "p"}],
+                          outputs={"code": code}, started=1, finished=2),
+                 CallNode(id=1, role="evaluator", invocation=0, messages=[{"role": "user", "content": code}],
+                          outputs={"verdict": verdict}, status=status, started=3, finished=4)]
+        return RolloutGraph(calls, example=dict(example), outputs={"code": code})
+    # agree: right code accepted, wrong code rejected, wrong code met with prose (revised, as a reject);
+    # disagree: right code rejected, right code met with prose; a failed reviewer call is left out
+    graphs = [reviewed(right, "correct"), reviewed(wrong, "incorrect"), reviewed(wrong, "The code looks fine."),
+              reviewed(right, "incorrect"), reviewed(right, "The code looks fine."),
+              reviewed(right, "correct", status="format_error")]
+    assert script.reviewer_agreement(graphs, code_metric) == pytest.approx(3 / 5)
+    assert script.reviewer_agreement([], code_metric) is None
+
+
+def test_the_single_role_rival_trains_the_writer_alone_within_a_token_budget(script, tiny_handle, tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    summary = script.main(["--model", "tiny", "--program", "single", "--steps", "20", "--n-train", "4", "--n-val",
+                           "2", "--n-test", "3", "--examples-per-step", "1", "--group-size", "2", "--max-tokens", "8",
+                           "--eval-every", "0", "--set", "max_rollout_tokens=20", "--run-dir", str(tmp_path / "run"),
+                           "--out", str(tmp_path / "artifact")])
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [e for e in steps if e["kind"] == "step"]
+    assert summary["program"] == "single" and "writer_before" not in summary
+    # the budget stopped it after the first step that spent it (one step draws at least 2 x 8 tokens, so 20 take
+    # at most two), and only the writer ("solver") was drawn
+    assert len(steps) <= 2 and summary["rollout_tokens"] >= 20
+    assert steps[-1]["drawing"]["completion_tokens_total"] == summary["rollout_tokens"]
+    assert all(set(e["roles"]) <= {"solver"} for e in steps)
+    with pytest.raises(SystemExit):  # Single has no reviewer to choose a verdict
+        script.main(["--program", "single", "--choose-verdict"])
+
+
 def test_the_code_workflow_runs_end_to_end_on_the_tiny_model(script, tiny_handle, tmp_path, monkeypatch):
     # tiny_handle builds the tiny model's files once per session; the script then loads it by name
     monkeypatch.chdir(tmp_path)
