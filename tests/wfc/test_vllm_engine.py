@@ -196,3 +196,11 @@ def test_compile_on_vllm_end_to_end_and_serve_on_both_engines(tmp_path):
             assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] > 0
         finally:
             other.close()
+
+
+def test_choice_requests_are_refused_with_what_to_do(vllm_engine):
+    """A role whose output is a Literal is decoded as a choice on the HF engine only (module doc of wfc.engines.vllm);
+    here the request fails with an error that says so, not with a free-text answer that would not parse."""
+    choose = SamplingParams(temperature=0.0, max_tokens=4, choices=("yes", "no"))
+    with pytest.raises(ValueError, match="HF engine"):
+        vllm_engine.generate(requests(None, choose))

