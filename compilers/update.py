@@ -61,6 +61,7 @@ class Row:
     advantage: float
     weight: float = 1.0
     engine_logprobs: list[float] | None = None  # what the rollout engine reported while sampling (None: unknown)
+    choices: list[list[int]] | None = None  # a choice call's every choice as token ids (None: free text)
 
 
 def rows_from_groups(groups: Sequence[Group], role_adapters: dict[str, str], *,
@@ -79,7 +80,7 @@ def rows_from_groups(groups: Sequence[Group], role_adapters: dict[str, str], *,
                 known = m.call.logprobs_known and len(m.call.logprobs) == len(m.call.completion_ids)
                 lps = list(m.call.logprobs) if known else None
                 rows.append(Row(role_adapters[g.role], g.role, tuple(m.call.prompt_ids), list(m.call.completion_ids),
-                                float(a), w, lps))
+                                float(a), w, lps, m.call.choice_ids))
     return rows
 
 
@@ -194,10 +195,40 @@ def _tail(row: Row, prefix: Sequence[int]) -> list[int]:
     return list(row.prompt_ids[len(prefix):])
 
 
+def _alternatives(row: Row) -> list[list[int]]:
+    """The choices a choice row did not draw (scored beside it for the normaliser); [] for a free-text row."""
+    if not row.choices:
+        return []
+    if row.completion_ids not in row.choices:
+        raise ValueError(f"a choice row of role {row.role!r} completed with {row.completion_ids}, which is none of its "
+                         f"choices {row.choices}: the engine that sampled it broke the choice contract")
+    return [c for c in row.choices if c != row.completion_ids]
+
+
 def _completion_logprobs(part: "_Part", g: int, lps: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Pack ``g``'s log-probs per row with the prompt tail's positions dropped: the completion's own log-probs."""
+    """Pack ``g``'s log-probs per row with the prompt tail's positions dropped: the completion's own log-probs.
+
+    A choice row's (``Row.choices``) are among its choices: the log of all choices' total probability (its own and
+    its alternatives', which the pack scores after it, see :func:`_part`) comes off its first token, so the row sums
+    to log q(c) = log p(c) - log sum_c' p(c'), the distribution the engine drew it from (``wfc.engines.base``), and
+    the gradient flows through every choice. Entropy columns (``(n, 2)`` tensors) are left as they are."""
     prefix, idx = part.packs[g]
-    return [t[len(part.rows[i].prompt_ids) - len(prefix):] for i, t in zip(idx, lps)]
+    out = []
+    for j, i in enumerate(idx):
+        tail = len(part.rows[i].prompt_ids) - len(prefix)
+        own = lps[j][tail:]
+        start, count = part.alts[g][j]
+        if count:
+            def logprob(t: torch.Tensor) -> torch.Tensor:
+                return t[:, 0] if t.dim() == 2 else t
+            scores = [logprob(own).sum()] + [logprob(lps[k][tail:]).sum() for k in range(start, start + count)]
+            own = own.clone()
+            if own.dim() == 2:
+                own[0, 0] = own[0, 0] - torch.logsumexp(torch.stack(scores), 0)
+            else:
+                own[0] = own[0] - torch.logsumexp(torch.stack(scores), 0)
+        out.append(own)
+    return out
 
 
 @dataclass
@@ -209,14 +240,26 @@ class _Part:
     groups: list[tuple[list[int], list[list[int]]]]
     plan: list[list[int]]
     old: dict[int, list[torch.Tensor]]
+    alts: list[list[tuple[int, int]]]  # per pack, per row: (first, count) of its alternatives among the completions
 
 
 def _part(rows: list[Row], token_budget: int, distributed: Distributed) -> _Part:
-    """``rows``' packs (this rank's contiguous shard of them), their packed groups and micro-batch plan."""
+    """``rows``' packs (this rank's contiguous shard of them), their packed groups and micro-batch plan. A pack's
+    completions are its rows' (prompt tail + completion), then each choice row's alternatives after the same tail,
+    scored for nothing but that row's normaliser (:func:`_completion_logprobs`)."""
     packs = distributed.shard(_packs(rows))
-    groups = [(list(p), [_tail(rows[i], p) + rows[i].completion_ids for i in idx]) for p, idx in packs]
+    groups, alts = [], []
+    for p, idx in packs:
+        completions = [_tail(rows[i], p) + rows[i].completion_ids for i in idx]
+        placed = []
+        for i in idx:
+            others = _alternatives(rows[i])
+            placed.append((len(completions), len(others)))
+            completions += [_tail(rows[i], p) + c for c in others]
+        groups.append((list(p), completions))
+        alts.append(placed)
     plan = plan_microbatches([packed_length(g) for g in groups], token_budget, min_fill=MIN_FILL)
-    return _Part(rows, packs, groups, plan, {})
+    return _Part(rows, packs, groups, plan, {}, alts)
 
 
 def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], total_tokens: int, total_rows: int,

@@ -163,7 +163,7 @@ class RoleEngine:
             raise
         if node is not None:
             node.prompt_ids, node.completion_ids, node.logprobs = gen.prompt_ids, gen.completion_ids, gen.logprobs
-            node.logprobs_known = gen.logprobs_known
+            node.logprobs_known, node.choice_ids = gen.logprobs_known, gen.choice_ids
             node.text, node.finish_reason = gen.text, gen.finish_reason
             if not gen.text:  # DSPy rejects an empty response before parsing: so does the graph
                 node.status, node.error = "format_error", "empty completion"

@@ -50,6 +50,11 @@ def _reference(engine, messages, temperature: float) -> dict[str, list[float]]:
     return out
 
 
+def _restricted(ref: dict[str, list[float]], choice: str) -> float:
+    """log q(choice) = log p(choice) - log sum_c p(c), from per-token reference log-probs."""
+    return sum(ref[choice]) - float(torch.logsumexp(torch.tensor([sum(v) for v in ref.values()]), 0))
+
+
 def test_greedy_choice_is_the_most_probable_whole_choice_with_the_trainers_logprobs(tiny_engine):
     tok = tiny_engine.tokenizer
     gen = tiny_engine.generate([GenerationRequest(messages=MESSAGES,
@@ -57,9 +62,12 @@ def test_greedy_choice_is_the_most_probable_whole_choice_with_the_trainers_logpr
     ref = _reference(tiny_engine, MESSAGES, 1.0)
     best = max(CHOICES, key=lambda c: sum(ref[c]))
     assert gen.text == best
-    assert gen.completion_ids == tok(best, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    options = [tok(c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in CHOICES]
+    assert gen.completion_ids == options[CHOICES.index(best)] and gen.choice_ids == options
     assert gen.prompt_ids == tiny_engine.encode_prompt(MESSAGES)
-    assert gen.logprobs == pytest.approx(ref[best], abs=1e-4)
+    # the choice's log-probs among the choices: the log of the choices' total probability off the first token
+    assert gen.logprobs[1:] == pytest.approx(ref[best][1:], abs=1e-4)
+    assert sum(gen.logprobs) == pytest.approx(_restricted(ref, best), abs=1e-4)
     assert gen.finish_reason == "stop" and gen.logprobs_known
 
 
@@ -74,7 +82,7 @@ def test_sampled_choices_follow_the_choice_probabilities_at_the_temperature_and_
         # the draw is the inverse CDF of the seed's first uniform number over the choices' probabilities
         u = torch.rand(1, generator=torch.Generator().manual_seed(s)).item()
         assert gen.text == (CHOICES[0] if u * float(p.sum()) < float(p[0]) else CHOICES[1])
-        assert gen.logprobs == pytest.approx(ref[gen.text], abs=1e-4)
+        assert sum(gen.logprobs) == pytest.approx(float(p[CHOICES.index(gen.text)].log()), abs=1e-4)
     assert [g.text for g in tiny_engine.generate(requests[:5])] == [g.text for g in gens[:5]]
     assert 0 < sum(g.text == CHOICES[0] for g in gens) < len(gens) or min(p) < 0.02
 
@@ -130,3 +138,55 @@ def test_evalopt_with_chosen_verdicts_on_the_tiny_model_always_decides(tiny_engi
         fixes = sum(c.role == "optimizer" for c in graph.calls)
         rejects = sum(c.outputs["verdict"] == "incorrect" for c in verdicts)
         assert fixes == rejects and (verdicts[-1].outputs["verdict"] == "correct" or len(verdicts) == 2)
+
+
+def test_the_trainer_scores_a_choice_row_among_its_choices_with_the_gradient_through_every_choice(tiny_engine):
+    """compilers.update: a choice row's log-probs sum to log q(c) (its alternatives scored in the same pack), equal
+    to the engine's; a free-text row beside it is untouched; the normaliser carries gradient."""
+    from compilers.packing import packed_logprobs
+    from compilers.update import Row, _completion_logprobs, _part
+    from compilers.distributed import SingleProcess
+
+    tok = tiny_engine.tokenizer
+    other = ({"role": "system", "content": "Check the sum."}, {"role": "user", "content": "2 + 3 = 6"})
+    choose = SamplingParams(choices=CHOICES, temperature=1.0, max_tokens=8)
+    gens = tiny_engine.generate([GenerationRequest(messages=m, sampling=choose, seed=s)
+                                 for s, m in enumerate((MESSAGES, other, MESSAGES))])
+    free = tok("maybe", add_special_tokens=False)["input_ids"]
+    rows = [Row("a", "judge", tuple(g.prompt_ids), list(g.completion_ids), 1.0, choices=g.choice_ids) for g in gens]
+    rows.append(Row("a", "judge", tuple(gens[0].prompt_ids), free, 1.0))
+    part = _part(rows, 1 << 20, SingleProcess())
+    assert sum(len(c) for _, c in part.groups) == 3 + 3 + 1  # each choice row brings its one alternative
+    model = tiny_engine.policy.model
+    got: dict[int, torch.Tensor] = {}
+    for g, lps in enumerate(packed_logprobs(model, part.groups, temperature=1.0)):
+        for i, t in zip(part.packs[g][1], _completion_logprobs(part, g, lps)):
+            got[i] = t
+    for i, g in enumerate(gens):
+        ref = _reference(tiny_engine, (MESSAGES, other, MESSAGES)[i], 1.0)
+        assert float(got[i].detach().sum()) == pytest.approx(_restricted(ref, g.text), abs=1e-4)
+        assert got[i].detach().tolist() == pytest.approx(g.logprobs, abs=1e-4)  # engine == trainer: no mismatch
+    prompt = list(gens[0].prompt_ids)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + free])).logits[0].float()
+    plain = torch.log_softmax(logits[len(prompt) - 1:-1], -1).gather(1, torch.tensor(free).unsqueeze(1)).squeeze(1)
+    assert got[3].detach().tolist() == pytest.approx(plain.tolist(), abs=1e-4)
+    # the gradient is log q's: the same as through an independent forward pass of every (prompt, choice)
+    emb = model.get_input_embeddings().weight
+    emb.requires_grad_(True)
+    try:
+        total = sum(t.sum() for g, lps in enumerate(packed_logprobs(model, part.groups, temperature=1.0))
+                    for t in _completion_logprobs(part, g, lps))
+        (grad,) = torch.autograd.grad(total, emb)
+        want = 0.0
+        for r in rows:
+            def logp(completion):
+                logits = model(input_ids=torch.tensor([list(r.prompt_ids) + completion])).logits[0].float()
+                steps = torch.log_softmax(logits[len(r.prompt_ids) - 1:-1], -1)
+                return steps.gather(1, torch.tensor(completion).unsqueeze(1)).sum()
+            own = logp(r.completion_ids)
+            want = want + (own - torch.logsumexp(torch.stack([logp(c) for c in r.choices]), 0) if r.choices else own)
+        (ref_grad,) = torch.autograd.grad(want, emb)
+        assert grad.abs().sum() > 0 and torch.allclose(grad, ref_grad, atol=1e-4, rtol=1e-3)
+    finally:
+        emb.requires_grad_(False)

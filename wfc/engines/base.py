@@ -6,9 +6,11 @@ Data model:
   verdict; ``wfc.adapter.CompactChatAdapter.choices``). A choice request is scored, not decoded: the engine computes
   each choice's log-probability under the temperature-scaled distribution, greedy takes the most probable, sampling
   draws one in proportion to those probabilities (top-p and stop strings do not apply). Why whole choices rather
-  than a token-level mask: the drawn choice's probability is its full-vocabulary probability over a normaliser that
-  is the same for every choice of the prompt, so with group-centred advantages the policy gradient through the
-  full-vocabulary log-probs the trainer computes is exactly the gradient of the restricted distribution.
+  than a token-level mask: the distribution sampled is then the model's own over whole choices, log q(c) =
+  log p(c) - log sum_c' p(c'), and the trainer computes exactly that (``compilers.update``: every choice is scored
+  beside the drawn one in the same pack). Training on the full-vocabulary log p(c) instead would also push each
+  prompt's total mass on the choices up or down with the advantage, a gradient that cancels only when every member
+  of a group has the same prompt (EvalOpt's verdicts judge different proposals, so it does not).
 - ``GenerationRequest``: chat ``messages``, the ``adapter`` to route through (``None`` = the base model),
   ``SamplingParams`` and an optional sampling ``seed``: a sampled request with a seed draws its random numbers from a
   generator of its own seeded with it, so the same request with the same seed yields the same tokens whichever
@@ -17,7 +19,9 @@ Data model:
 - ``Generation``: the completion ``text``; ``prompt_ids`` (exactly the tokens the model was conditioned on, no
   padding); ``completion_ids`` (exactly the tokens it produced, ending at EOS or a stop string, no padding);
   ``logprobs`` (one per completion token, under the temperature-scaled distribution it was sampled from; for a
-  choice request, the full-vocabulary log-probs of the chosen choice's tokens, see ``SamplingParams``);
+  choice request, the chosen tokens' log-probs with the log of all choices' total probability taken off the first,
+  so they sum to the log-probability of the choice among the choices); ``choice_ids`` (a choice request's every
+  choice as it was scored, tokens then EOS; None otherwise);
   ``logprobs_known`` (False: the engine has no log-probs, e.g. a scripted fake; ``logprobs`` are then placeholders
   and the trainer treats them as unknown).
 - ``AdapterRevision``: one adapter's weights as the trainer (``wfc.policy.Policy``) exports them: ``name``,
@@ -95,6 +99,7 @@ class Generation(BaseModel):
     logprobs: list[float]
     finish_reason: str = "stop"  # "stop" (EOS or a stop string) or "length"
     logprobs_known: bool = True  # False: ``logprobs`` are placeholders (the engine cannot report them)
+    choice_ids: list[list[int]] | None = None  # a choice request's every choice as token ids (the trainer's normaliser)
 
 
 @dataclass(frozen=True)

@@ -331,8 +331,8 @@ class HFEngine(BatchingEngine):
         prompt in one forward pass (rows ``prompt | choice``, left-padded so the choices end every row alike, logits
         kept for the last positions only); greedy takes the choice of highest log-probability (T=1), sampling draws
         one by inverse CDF over the choices' probabilities at the temperature, with the request's own generator when
-        it has a seed. The Generation reports the chosen tokens' full-vocabulary log-probs, as the trainer computes
-        them."""
+        it has a seed. The Generation reports the chosen tokens' log-probs among the choices (the log of the choices'
+        total probability off the first token), as the trainer computes them, and every choice's token ids."""
         tok = self.tokenizer
         options = [tok(c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in sampling.choices]
         longest = max(len(o) for o in options)
@@ -373,15 +373,18 @@ class HFEngine(BatchingEngine):
                 row = lps[q * len(options) + k, longest - len(option):]
                 token_lps.append(row.gather(1, torch.tensor(option).unsqueeze(1)).squeeze(1))
             scores = torch.stack([t.sum() for t in token_lps])
+            log_total = torch.logsumexp(scores, 0)
             if sampling.greedy:
                 pick = int(scores.argmax())
             else:
                 g = torch.Generator().manual_seed(request.seed) if request.seed is not None else None
                 uniform = torch.rand(1, generator=g) if g is not None else torch.rand(1)
                 pick = int(sample_tokens(torch.log_softmax(scores, -1).unsqueeze(0), uniform)[0])
-            results.append(Generation(text=sampling.choices[pick],
-                                      prompt_ids=list(prompt_ids[q]), completion_ids=list(options[pick]),
-                                      logprobs=token_lps[pick].tolist(), finish_reason="stop"))
+            chosen = token_lps[pick].clone()
+            chosen[0] -= log_total  # the choice's log-probability among the choices (wfc.engines.base)
+            results.append(Generation(text=sampling.choices[pick], prompt_ids=list(prompt_ids[q]),
+                                      completion_ids=list(options[pick]), logprobs=chosen.tolist(),
+                                      finish_reason="stop", choice_ids=[list(o) for o in options]))
         return results
 
     def _adapters(self, model, wanted: list[str | None], kwargs: dict[str, Any]):
