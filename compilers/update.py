@@ -219,16 +219,18 @@ def _completion_logprobs(part: "_Part", g: int, lps: list[torch.Tensor]) -> list
         own = lps[j][tail:]
         start, count = part.alts[g][j]
         if count:
-            def logprob(t: torch.Tensor) -> torch.Tensor:
-                return t[:, 0] if t.dim() == 2 else t
-            scores = [logprob(own).sum()] + [logprob(lps[k][tail:]).sum() for k in range(start, start + count)]
-            own = own.clone()
-            if own.dim() == 2:
-                own[0, 0] = own[0, 0] - torch.logsumexp(torch.stack(scores), 0)
-            else:
-                own[0] = own[0] - torch.logsumexp(torch.stack(scores), 0)
+            scores = [_logprob_column(own).sum()]
+            scores += [_logprob_column(lps[k][tail:]).sum() for k in range(start, start + count)]
+            shift = torch.zeros_like(own)
+            shift.view(own.shape[0], -1)[0, 0] = torch.logsumexp(torch.stack(scores), 0)
+            own = own - shift
         out.append(own)
     return out
+
+
+def _logprob_column(t: torch.Tensor) -> torch.Tensor:
+    """The log-probs of a per-token tensor: ``t`` itself, or column 0 of an ``(n, 2)`` (log-prob, entropy) one."""
+    return t[:, 0] if t.dim() == 2 else t
 
 
 @dataclass
