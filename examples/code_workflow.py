@@ -16,7 +16,9 @@ step's peak 12.7 -> 9.0 GB, its update 37% slower). The script is the template f
     python examples/code_workflow.py            # = --recipe wide-warmup --steps 8 --n-val 32 --n-test 160
     python examples/code_workflow.py --resume   # a killed run continues from its checkpoint in --run-dir
     python examples/code_workflow.py --set credit=verified-strict   # override one recipe field
-    python examples/code_workflow.py --choose-verdict   # the reviewer picks correct / incorrect (decoded as a choice)
+    python examples/code_workflow.py --choose-verdict   # the reviewer picks correct / incorrect (decoded as a choice):
+                                                        # seed 0 0.569 -> 0.731, +0.163 [+0.105, +0.220], 37 min
+    python examples/code_workflow.py --program single --set max_rollout_tokens=N --steps 80   # the writer alone
 """
 
 from __future__ import annotations
