@@ -190,3 +190,30 @@ def test_the_trainer_scores_a_choice_row_among_its_choices_with_the_gradient_thr
         assert grad.abs().sum() > 0 and torch.allclose(grad, ref_grad, atol=1e-4, rtol=1e-3)
     finally:
         emb.requires_grad_(False)
+
+
+def test_choices_for_rows_of_different_adapters_in_one_batch_equal_each_run_alone():
+    """A batch mixing the base and an adapter (peft's per-row adapter path) scores each row as alone."""
+    from peft import LoraConfig
+
+    from wfc.engines.hf import HFEngine
+    from wfc.models import load_model
+
+    engine = HFEngine(load_model("tiny"), batch_wait_s=0.0)  # its own model: the adapter must not leak to others
+    try:
+        engine.policy.add_adapter("judge", LoraConfig(r=8, target_modules="all-linear"))
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for name, p in engine.policy.model.named_parameters():
+                if "lora_A.judge." in name or "lora_B.judge." in name:  # seeded: the same adapter every run
+                    p.copy_(torch.randn(p.shape, generator=gen) * 3.0)
+        choose = SamplingParams(choices=CHOICES, max_tokens=8)
+        mixed = [GenerationRequest(messages=MESSAGES, adapter=a, sampling=choose) for a in (None, "judge")]
+        alone = [engine.generate([r])[0] for r in mixed]
+        # the adapter is really applied (the tiny random model's distributions are near uniform: differences are
+        # small, but ten times the tolerance the mixed batch is held to)
+        assert alone[0].logprobs != pytest.approx(alone[1].logprobs, abs=2e-4)
+        for got, want in zip(engine.generate(mixed), alone):
+            assert got.text == want.text and got.logprobs == pytest.approx(want.logprobs, abs=2e-5)
+    finally:
+        engine.close()
