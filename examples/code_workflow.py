@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--n-val", type=int, default=32, help="validation tasks (keep-best picks the step by them)")
     ap.add_argument("--n-test", type=int, default=160)
     ap.add_argument("--seed", type=int, default=0, help="training seed (the task splits are fixed)")
-    ap.add_argument("--run-dir", default="runs/code-evalopt")
-    ap.add_argument("--out", default="artifacts/code-evalopt")
+    ap.add_argument("--run-dir", default=None, help="default: runs/code-<program>")
+    ap.add_argument("--out", default=None, help="default: artifacts/code-<program>")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override one recipe field (a JSON value), e.g. --set credit=verified-strict")
     ap.add_argument("--program", choices=("evalopt", "single"), default="evalopt",
@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--resume", action="store_true",
                     help="continue a killed run from the checkpoint in --run-dir (same flags as that run)")
     args = ap.parse_args(argv)
+    args.run_dir = args.run_dir or f"runs/code-{args.program}"  # the two programs' runs never share a folder
+    args.out = args.out or f"artifacts/code-{args.program}"
     t0 = time.time()
     task = get_task("codegen", n_train=args.n_train, n_val=args.n_val, n_test=args.n_test)
     engine = HFEngine(args.model)
