@@ -291,10 +291,7 @@ class HFEngine(BatchingEngine):
         device = self.policy.device
         kwargs["input_ids"], kwargs["attention_mask"] = input_ids.to(device), attention_mask.to(device)
         wanted = [r.adapter for r in requests]
-        if any(a is not None for a in wanted):
-            missing = sorted({a for a in wanted if a is not None} - set(self.adapters))
-            if missing:
-                raise ValueError(f"unknown adapter(s) {missing}; this engine has {self.adapters or 'none'}")
+        self._check_adapters(wanted)
         policy = self.policy
         with policy.lock, torch.inference_mode():
             model = policy.model
@@ -340,16 +337,10 @@ class HFEngine(BatchingEngine):
             raise ValueError(f"a choice of {sampling.choices!r} takes {longest} tokens with EOS, more than "
                              f"max_tokens={sampling.max_tokens}: raise max_tokens or shorten the choices")
         wanted = [r.adapter for r in requests for _ in options]
-        missing = sorted({a for a in wanted if a is not None} - set(self.adapters))
-        if missing:
-            raise ValueError(f"unknown adapter(s) {missing}; this engine has {self.adapters or 'none'}")
-        rows = [p + o for p in prompt_ids for o in options]
-        width = max(len(r) for r in rows)
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, r in enumerate(rows):
-            ids[i, width - len(r):], mask[i, width - len(r):] = torch.tensor(r, dtype=torch.long), 1
+        self._check_adapters(wanted)
+        # the generation layout: suffixes right-aligned, so every row's choice ends in the last columns; positions
+        # follow the mask, so a shared prefix's columns mean the same as in the row alone
+        ids, mask, _ = self._layout([p + o for p in prompt_ids for o in options])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         temperature = sampling.temperature if not sampling.greedy else 1.0
         kwargs: dict[str, Any] = {}
@@ -386,6 +377,12 @@ class HFEngine(BatchingEngine):
                                       completion_ids=list(options[pick]), logprobs=chosen.tolist(),
                                       finish_reason="stop", choice_ids=[list(o) for o in options]))
         return results
+
+    def _check_adapters(self, wanted: list[str | None]) -> None:
+        """Raise, naming them, when rows ask for adapters this engine does not hold."""
+        missing = sorted({a for a in wanted if a is not None} - set(self.adapters))
+        if missing:
+            raise ValueError(f"unknown adapter(s) {missing}; this engine has {self.adapters or 'none'}")
 
     def _adapters(self, model, wanted: list[str | None], kwargs: dict[str, Any]):
         """The adapter scope of one batch. One adapter for every row: it is made the active one (peft's plain LoRA
