@@ -313,6 +313,52 @@ def test_spinning_fork_bomb_is_cleaned_up(sandbox_parent):
     wait_for_reaping(before)
 
 
+def test_concurrent_runs_beyond_the_shared_process_limit_all_run(sandbox_parent):
+    """RLIMIT_NPROC counts every process of ``nobody``, so 48 concurrent sandboxes of 16 processes each refuse one
+    another's forks; a refused start (before the program ran) is retried, so every run passes (without the retry,
+    about a third crashed with 'could not fork')."""
+    if not can_drop_root():
+        pytest.skip("RLIMIT_NPROC does not bind root and no interpreter `nobody` can run: nothing is shared")
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(48) as pool:
+        results = list(pool.map(lambda i: run(f"print({i})", sandbox_parent), range(48)))
+    assert [r.status for r in results] == ["passed"] * 48, [r.reason for r in results if r.status != "passed"]
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(48)]
+
+
+def test_a_start_the_process_limit_keeps_refusing_ends_crashed_with_the_reason(sandbox_parent, monkeypatch):
+    if not can_drop_root():
+        pytest.skip("RLIMIT_NPROC does not bind root and no interpreter `nobody` can run: not holding the limit")
+    import wfc.tasks.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "BUSY_RETRIES", 1)
+    before = nobody_pids()
+    # a first run holds every process its user may have (sleepers), so the second cannot start
+    hold = """
+import os, time
+for _ in range(100):
+    try:
+        if os.fork() == 0:
+            time.sleep(3)
+            os._exit(0)
+    except OSError:
+        break
+print("held", flush=True)
+time.sleep(3)
+"""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        holder = pool.submit(run, hold, sandbox_parent, max_processes=8, timeout_s=4.0)
+        time.sleep(1.5)
+        refused = run("print(1)", sandbox_parent, max_processes=8)
+        holder.result()
+    assert refused.status == "crashed" and "fork" in refused.reason and "BlockingIOError" in refused.reason
+    wait_until_gone(lambda status, _: "\nUid:\t65534\t" in status, ignore=before)
+    wait_for_reaping(before)
+
+
 def test_explicit_interpreter(sandbox_parent):
     r = run_python("import sys; print(sys.version_info[0])", python=sys.executable, workdir_parent=sandbox_parent)
     assert r.status == "passed" and r.stdout == "3\n"

@@ -65,8 +65,9 @@ without a PID namespace, signalling processes of the same user (as ``nobody``: o
 ``kill(-1)``; a killed ``init`` is reported as ``crashed``); CPU contention and total memory (no cgroups: a run may
 hold ``max_processes`` times ``memory_bytes``). ``RLIMIT_NPROC`` counts every process of the user on the machine,
 so concurrent sandboxes share it, and without a PID namespace so do the killed processes of earlier runs until the
-host's PID 1 reaps them (a second or two after a fork bomb): a run that cannot start meanwhile is ``crashed``. Hosts with neither root nor namespaces get none of
-the process and file layers: the program runs as the host's user, next to it. A root host whose interpreter
+host's PID 1 reaps them (a second or two after a fork bomb): a run that cannot start for it is retried with
+backoff (``BUSY_RETRIES``; without, 64 concurrent runs lost 23 to it), and is ``crashed`` if it still cannot.
+Hosts with neither root nor namespaces get none of the process and file layers: the program runs as the host's user, next to it. A root host whose interpreter
 ``nobody`` cannot run gets no file or ``/proc`` layer (the program is root). This is a guard against accidents and
 sloppy or reward-hacking model output, not a security boundary against a determined attacker (kernel exploits are
 out of scope): use a VM or gVisor for that.
@@ -87,6 +88,7 @@ import signal
 import stat
 import subprocess
 import sys
+import random
 import tempfile
 import time
 from pathlib import Path
@@ -98,6 +100,7 @@ NOBODY = 65534
 RUNNER = Path(__file__).with_name("sandbox_runner.py")
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
 PROGRAM_FILE = "main.py"
+BUSY_RETRIES = 12  # starts refused for the shared process limit, retried with backoff (~5 s in all) before "crashed"
 _CHUNK = 65536
 
 Status = Literal["passed", "failed", "timeout", "crashed", "killed"]
@@ -357,12 +360,22 @@ def run_python(
             f.write(code)
         if drop:
             os.chown(program, NOBODY, NOBODY)
-        return _run_in(work, python, limits, drop)
+        jitter = random.Random()
+        for attempt in range(BUSY_RETRIES + 1):
+            result, busy = _run_in(work, python, limits, drop)
+            if not busy or attempt == BUSY_RETRIES:
+                return result
+            # Concurrent sandboxes share the user's RLIMIT_NPROC: a start refused for it (before the program ran,
+            # so nothing of it happened) waits for others to end, backing off with jitter so waiters spread out.
+            time.sleep(min(0.02 * 2 ** attempt, 0.5) * (0.5 + jitter.random()))
+        return result
     finally:
         _remove_tree(outer)
 
 
-def _run_in(work: str, python: str, limits: SandboxLimits, drop: bool) -> SandboxResult:
+def _run_in(work: str, python: str, limits: SandboxLimits, drop: bool) -> tuple[SandboxResult, bool]:
+    """One run of the program in ``work``: (what happened, busy). ``busy``: the runner could not fork for the
+    user's process limit before the program started (see :func:`run_python`'s retries)."""
     report_r, report_w = os.pipe()
     config = {
         "python": python,
@@ -407,6 +420,7 @@ def _run_in(work: str, python: str, limits: SandboxLimits, drop: bool) -> Sandbo
     setup = next((e for e in events if e.get("event") == "setup"), {})
     status, returncode, reason = _classify(events, proc.returncode, timed_out)
     out, err = captures[proc.stdout], captures[proc.stderr]
+    busy = status == "crashed" and any(e.get("event") == "error" and e.get("busy") for e in events)
     return SandboxResult(
         status=status,
         returncode=returncode,
@@ -421,4 +435,4 @@ def _run_in(work: str, python: str, limits: SandboxLimits, drop: bool) -> Sandbo
         pid_isolated=bool(setup.get("pid_isolated", False)),
         privileges_dropped=bool(setup.get("privileges_dropped", False)),
         reason=reason,
-    )
+    ), busy

@@ -197,14 +197,16 @@ def main(argv: list[str]) -> int:
     try:
         init = os.fork()
     except OSError as e:
-        send(event="error", message=f"sandbox could not fork: {e!r}")
+        send(event="error", message=f"sandbox could not fork: {e!r}", busy=isinstance(e, BlockingIOError))
         return SETUP_FAILED
     if init == 0:
         code = SETUP_FAILED
         try:
             code = _run_init(libc, config, send)
         except BaseException as e:  # noqa: BLE001
-            send(event="error", message=f"sandbox init failed: {e!r}")
+            # busy: a fork refused with EAGAIN before the program started (the user's RLIMIT_NPROC is shared with
+            # concurrent sandboxes); the host may run it again
+            send(event="error", message=f"sandbox init failed: {e!r}", busy=isinstance(e, BlockingIOError))
         finally:
             os._exit(code & 0xFF)
     _, status = os.waitpid(init, 0)
