@@ -37,6 +37,7 @@ from programs import EvalOpt, Single
 from programs.eval_opt import accepted
 from wfc.engines.hf import HFEngine
 from wfc.tasks import get_task
+from wfc.tasks.visible import example_check
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from gpu_matrix import parse_set  # noqa: E402  (benchmarks/ is a folder of scripts, not a package on the path)
@@ -82,19 +83,42 @@ def reviewer_accept_rate(graphs) -> float:
     return sum(verdicts) / max(len(verdicts), 1)
 
 
+def revisions(graphs, metric) -> dict:
+    """What the fixer (EvalOpt's optimizer) did over ``graphs``: ``revised`` (rollouts it was called in), ``fixed``
+    (of those, the writer's code failed the tests and the final code passes) and ``broken`` (the writer's passed, the
+    final fails). The program scores the writer's pass rate plus (fixed - broken) / len(graphs)."""
+    counts = {"revised": 0, "fixed": 0, "broken": 0}
+    for graph in graphs:
+        writer, fixer = _ok_calls(graph, "generator"), [c for c in graph.calls if c.role.split(".")[-1] == "optimizer"]
+        if not fixer:
+            continue
+        counts["revised"] += 1
+        before = bool(writer) and call_metric(metric, graph.example, writer[0].outputs, metric_failure_score=0.0) >= 1
+        after = bool(graph.outputs) and call_metric(metric, graph.example, graph.outputs, metric_failure_score=0.0) >= 1
+        counts["fixed"] += after and not before
+        counts["broken"] += before and not after
+    return counts
+
+
 def roles_report(graphs, metric, when: str) -> dict:
-    """EvalOpt's roles over ``graphs``: the writer's own pass rate, the reviewer's accept rate and its agreement with
-    the tests, keyed ``writer_<when>``, ``reviewer_accept_<when>``, ``reviewer_agreement_<when>``."""
-    return {f"writer_{when}": writer_pass_rate(graphs, metric), f"reviewer_accept_{when}": reviewer_accept_rate(graphs),
-            f"reviewer_agreement_{when}": reviewer_agreement(graphs, metric)}
+    """EvalOpt's roles over ``graphs``, keyed ``<name>_<when>``: the writer's own pass rate (``writer``), the
+    reviewer's accept rate and its agreement with the tests (``reviewer_accept``, ``reviewer_agreement``; None
+    when the program has no reviewer, as under ``--check``) and the fixer's counts (:func:`revisions`)."""
+    has_reviewer = any(_ok_calls(g, "evaluator") for g in graphs)
+    report = {"writer": writer_pass_rate(graphs, metric),
+              "reviewer_accept": reviewer_accept_rate(graphs) if has_reviewer else None,
+              "reviewer_agreement": reviewer_agreement(graphs, metric), **revisions(graphs, metric)}
+    return {f"{name}_{when}": value for name, value in report.items()}
 
 
 def _roles_line(report: dict, when: str) -> str:
     if not report:
         return ""
-    agreement = report[f"reviewer_agreement_{when}"]
-    return (f" (writer alone {report[f'writer_{when}']:.3f}; reviewer accepted {report[f'reviewer_accept_{when}']:.0%}"
-            f", agreed with the tests on {'n/a' if agreement is None else f'{agreement:.0%}'})")
+    accept, agreement = report[f"reviewer_accept_{when}"], report[f"reviewer_agreement_{when}"]
+    reviewer = "" if accept is None else (
+        f"; reviewer accepted {accept:.0%}, agreed with the tests on {'n/a' if agreement is None else f'{agreement:.0%}'}")
+    return (f" (writer alone {report[f'writer_{when}']:.3f}{reviewer}; fixer called in {report[f'revised_{when}']}, "
+            f"fixed {report[f'fixed_{when}']}, broke {report[f'broken_{when}']})")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -121,20 +145,29 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--choose-verdict", action="store_true",
                     help="the reviewer chooses 'correct' or 'incorrect' (EvalOpt(choose_verdict=True)) instead of "
                          "writing a verdict")
+    ap.add_argument("--check", action="store_true",
+                    help="no reviewer: EvalOpt judges the writer's code by running the example the prompt shows "
+                         "(EvalOpt(check=wfc.tasks.visible.example_check)) and tells the fixer what it returned")
+    ap.add_argument("--backend", default="shared", choices=("shared", "isolated", "auto"),
+                    help="one adapter for every role (shared), one per role (isolated), or chosen by tracing (auto)")
     ap.add_argument("--resume", action="store_true",
                     help="continue a killed run from the checkpoint in --run-dir (same flags as that run)")
     args = ap.parse_args(argv)
-    args.run_dir = args.run_dir or f"runs/code-{args.program}"  # the two programs' runs never share a folder
-    args.out = args.out or f"artifacts/code-{args.program}"
+    label = f"{args.program}-check" if args.check else args.program  # different programs' runs never share a folder
+    args.run_dir = args.run_dir or f"runs/code-{label}"
+    args.out = args.out or f"artifacts/code-{label}"
     t0 = time.time()
     task = get_task("codegen", n_train=args.n_train, n_val=args.n_val, n_test=args.n_test)
     engine = HFEngine(args.model)
     if args.program == "single":
-        if args.choose_verdict:
-            ap.error("--choose-verdict is an EvalOpt option: Single has no reviewer")
+        if args.choose_verdict or args.check:
+            ap.error("--choose-verdict and --check are EvalOpt options: Single has no reviewer")
         program = Single(task.signature, name="code-single")
+    elif args.check and args.choose_verdict:
+        ap.error("--check replaces the reviewer, so it has no verdict to choose: pass one of the two")
     else:
-        program = EvalOpt(task.signature, rounds=1, choose_verdict=args.choose_verdict, name="code-evalopt")
+        program = EvalOpt(task.signature, rounds=1, choose_verdict=args.choose_verdict,
+                          check=example_check if args.check else None, name="code-evalopt")
     recipe = {**get_recipe(args.recipe), "steps": args.steps, "max_tokens": args.max_tokens}
     for key in ("examples_per_step", "group_size", "eval_every"):
         if getattr(args, key) is not None:
@@ -146,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
     roles = roles_report(before["graphs"], task.metric, "before") if args.program == "evalopt" else {}
     print(f"pass@1 before: {before['accuracy']:.3f} on {before['n']} tasks{_roles_line(roles, 'before')}")
     compiled = MMGRPO(task.metric, seed=args.seed, **recipe).compile(
-        program, trainset=task.trainset, valset=task.valset, engine=engine, run_dir=args.run_dir,
+        program, trainset=task.trainset, valset=task.valset, engine=engine, backend=args.backend, run_dir=args.run_dir,
         resume=args.run_dir if args.resume else None)
     after = evaluate(compiled.program, task.testset, engine, metric=task.metric, adapters=compiled.roles,
                      max_tokens=args.max_tokens, progress="after")
@@ -159,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"({pair['only_after']} tasks passed only after, {pair['only_before']} only before)")
     print(f"artifact: {compiled.save(args.out)}")
     summary = {"program": args.program, "recipe": args.recipe, "overrides": overrides,
-               "choose_verdict": args.choose_verdict, **recipe, "seed": args.seed, "n_test": args.n_test,
+               "choose_verdict": args.choose_verdict, "check": args.check, "backend": args.backend, **recipe, "seed": args.seed, "n_test": args.n_test,
                "n_val": args.n_val, "before": before["accuracy"], "after": after["accuracy"], **pair, **roles,
                "best_step": compiled.manifest.best_step, "rollout_tokens": workflow_tokens(Path(args.run_dir)),
                "seconds": round(time.time() - t0, 1)}

@@ -8,11 +8,17 @@ Stops as soon as the evaluator accepts (its verdict's first word reads as accept
 of the two (``SamplingParams.choices``), so every verdict is readable and decides, where a small model's free-text
 verdict is prose that reads as neither and always sends the proposal to revision. The optimizer is then told only
 the word, not a reason.
+
+``check=fn`` judges with a function instead of an evaluator role: ``fn(inputs, proposal) -> (accepted, feedback)``
+(e.g. ``wfc.tasks.visible.example_check``, which runs the examples a code prompt shows). The program then has two
+roles, ``generator`` and ``optimizer``, and the optimizer is told the check's feedback. A check costs no tokens, so
+at an equal token budget the optimizer's calls are all the program spends beyond the generator's. Make ``fn`` a
+module-level function: an artifact records it by name (anything else needs the pickle and ``trust_code=True``).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable, Literal
 
 import dspy
 
@@ -33,14 +39,26 @@ class EvalOpt(Program):
     """Generate, evaluate, revise until accepted or out of rounds."""
 
     def __init__(self, signature, *, rounds: int = 2, predictor: type[dspy.Predict] = dspy.Predict,
-                 choose_verdict: bool = False, name: str | None = None):
+                 choose_verdict: bool = False, check: Callable | None = None, name: str | None = None):
         super().__init__(name=name)
         if not isinstance(rounds, int) or rounds < 0:
             raise ValueError(f"EvalOpt needs rounds >= 0, got {rounds!r}")
+        if check is not None and not callable(check):
+            raise TypeError(f"EvalOpt's check is a function (inputs, proposal) -> (accepted, feedback), got {check!r}")
+        if check is not None and choose_verdict:
+            raise ValueError("EvalOpt takes check= or choose_verdict=True, not both: a check replaces the evaluator")
         sig = task_signature(signature)
         self.rounds = rounds
         self.outputs = list(sig.output_fields)
+        self.check = check
         self.generator = predictor(sig)
+        if check is not None:
+            self.optimizer = predictor(derive(
+                sig, outputs_as_inputs=True, prefix="previous_",
+                instructions=f"{sig.instructions.strip()}\nThe previous solution failed a check. Fix it.",
+                extra_inputs={"feedback": (str, "what the check found wrong")},
+            ))
+            return
         if choose_verdict:
             check = "Check the proposed solution of the task: is it right?"
             verdict = (Verdict, "verdict")
@@ -60,9 +78,14 @@ class EvalOpt(Program):
         current = self.generator(**inputs)
         for _ in range(self.rounds):
             proposal = {k: getattr(current, k) for k in self.outputs}
-            verdict = self.evaluator(**inputs, **proposal).verdict
-            if accepted(verdict):
+            check = getattr(self, "check", None)  # getattr: artifacts saved before check= rebuild without it
+            if check is not None:
+                ok, feedback = check(inputs, proposal)
+            else:
+                feedback = self.evaluator(**inputs, **proposal).verdict
+                ok = accepted(feedback)
+            if ok:
                 break
             previous = {f"previous_{k}": v for k, v in proposal.items()}
-            current = self.optimizer(**inputs, **previous, feedback=verdict)
+            current = self.optimizer(**inputs, **previous, feedback=feedback)
         return current

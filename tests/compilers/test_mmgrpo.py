@@ -199,6 +199,40 @@ def test_a_seeded_compile_draws_the_same_rollouts_batched_or_one_by_one(tmp_path
     assert diff < 1e-4, diff  # measured 2.3e-5; different draws move weights by whole steps
 
 
+def test_evalopt_checked_by_its_prompts_example_trains_the_fixer_on_the_feedback_and_loads_back(engine, tmp_path):
+    """EvalOpt(check=example_check) on code: the tiny model's code never passes the prompt's example, so every
+    rollout calls the optimizer, whose prompt holds what running the example found; it trains like any role, and
+    the artifact records the check by name, so the loaded program checks (and answers) as the compiled one."""
+    from programs import EvalOpt
+    from wfc.tasks.codegen import make_codegen
+    from wfc.tasks.visible import example_check
+
+    code_sig = dspy.Signature("prompt -> code", "Write the Python function.")
+    tasks = make_codegen(4, seed=1)
+
+    def code_length(example, prediction, trace=None):  # spread across samples, as length_metric
+        return (len(str(prediction.code)) % 4) / 3.0
+
+    program = EvalOpt(code_sig, rounds=1, check=example_check)
+    compiled = MMGRPO(code_length, **small(steps=1, eval_every=0, temperature=1.0, max_tokens=8)).compile(
+        program, trainset=tasks, engine=engine, run_dir=tmp_path / "run", progress=False)
+    (step,) = [r for r in compiled.manifest.history if r["kind"] == "step"]
+    assert set(step["roles"]) == {"generator", "optimizer"}
+    assert step["roles"]["optimizer"]["calls"] == step["roles"]["generator"]["calls"] > 0
+    assert step["logprob_mismatch"]["tokens"] > 0 and step["logprob_mismatch"]["max_abs"] < 1e-3
+    graph = compiled.trace(tasks[0])
+    (fix,) = graph.calls_of("optimizer")
+    ok, feedback = example_check(tasks[0], graph.calls_of("generator")[0].outputs)
+    assert not ok and feedback in fix.messages[-1]["content"]
+    loaded = wfc.load(compiled.save(tmp_path / "art"), model="tiny")
+    try:
+        assert loaded.program.check is example_check
+        for task in tasks[:2]:
+            assert loaded(prompt=task.prompt).code == compiled(prompt=task.prompt).code
+    finally:
+        loaded.engine.close()
+
+
 def test_a_chosen_verdict_role_trains_on_the_choices_it_drew_and_loads_back_as_one(engine, tmp_path):
     """EvalOpt(choose_verdict=True): the evaluator's calls are choice requests; they are trained like any call (the
     trainer's log-probs of the chosen tokens equal the engine's: no mismatch) and the loaded artifact's evaluator is

@@ -69,6 +69,43 @@ def test_reviewer_agreement_compares_the_first_verdict_with_the_writers_tests(sc
     assert script.reviewer_agreement([], code_metric) is None
 
 
+def test_revisions_count_the_fixers_fixes_and_breaks_against_the_writers_code(script):
+    example = make_codegen(1, seed=3)[0]
+    right, wrong = example.solution, "def nothing():\n    return None\n"
+    alone = RolloutGraph([CallNode(id=0, role="generator", invocation=0, messages=[{"role": "user", "content": "p"}],
+                                   outputs={"code": wrong}, started=1, finished=2)],
+                         example=dict(example), outputs={"code": wrong})
+    # fixed: wrong -> right; broken: right -> wrong; kept: right -> right and wrong -> wrong; not revised: alone
+    graphs = [_rollout(example, wrong, right), _rollout(example, right, wrong), _rollout(example, right, right),
+              _rollout(example, wrong, wrong), alone]
+    assert script.revisions(graphs, code_metric) == {"revised": 4, "fixed": 1, "broken": 1}
+    report = script.roles_report(graphs, code_metric, "after")
+    assert report["reviewer_accept_after"] is None and report["reviewer_agreement_after"] is None  # no reviewer
+    assert report["writer_after"] == pytest.approx(2 / 5) and report["fixed_after"] == 1
+
+
+def test_the_checked_workflow_runs_the_prompts_example_instead_of_a_reviewer(script, tiny_handle, tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    summary = script.main(["--model", "tiny", "--check", "--backend", "isolated", "--steps", "1", "--n-train", "4", "--n-val", "2",
+                           "--n-test", "3", "--examples-per-step", "1", "--group-size", "2", "--max-tokens", "8",
+                           "--eval-every", "0"])
+    assert summary["check"] is True and summary["reviewer_accept_before"] is None
+    # the tiny model's code never passes the shown example, so every held-out task went to the fixer
+    assert summary["revised_before"] == summary["revised_after"] == 3
+    assert (tmp_path / "runs" / "code-evalopt-check" / "summary.json").exists() and summary["rollout_tokens"] > 0
+    manifest = json.loads((tmp_path / "artifacts" / "code-evalopt-check" / "manifest.json").read_text())
+    assert set(manifest["roles"]) == {"generator", "optimizer"} and manifest["backend"] == "isolated"
+    assert len(set(manifest["roles"].values())) == 2  # an adapter of its own for each role
+    loaded = wfc.load(tmp_path / "artifacts" / "code-evalopt-check", model="tiny")
+    try:
+        assert loaded.program.check.__name__ == "example_check"
+    finally:
+        loaded.engine.close()
+    with pytest.raises(SystemExit):  # a check has no verdict to choose
+        script.main(["--check", "--choose-verdict"])
+
+
 def test_the_single_role_rival_trains_the_writer_alone_within_a_token_budget(script, tiny_handle, tmp_path,
                                                                              monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -84,8 +121,9 @@ def test_the_single_role_rival_trains_the_writer_alone_within_a_token_budget(scr
     assert len(steps) <= 2 and summary["rollout_tokens"] >= 20
     assert steps[-1]["drawing"]["completion_tokens_total"] == summary["rollout_tokens"]
     assert all(set(e["roles"]) <= {"solver"} for e in steps)
-    with pytest.raises(SystemExit):  # Single has no reviewer to choose a verdict
-        script.main(["--program", "single", "--choose-verdict"])
+    for flag in ("--choose-verdict", "--check"):  # Single has no reviewer to replace
+        with pytest.raises(SystemExit):
+            script.main(["--program", "single", flag])
 
 
 def test_the_code_workflow_runs_end_to_end_on_the_tiny_model(script, tiny_handle, tmp_path, monkeypatch):

@@ -148,6 +148,39 @@ def test_evalopt_rounds_zero_is_the_generator_alone(fake_engine):
     assert calls_per_role(g) == {"generator": 1}
 
 
+FIXER = "The previous solution failed a check"
+
+
+def test_evalopt_with_a_check_judges_by_it_and_tells_the_optimizer_what_it_found(fake_engine):
+    """check=: no evaluator role; a rejected proposal goes to the optimizer with the check's feedback in its prompt,
+    each revision is checked again, and an accepted one ends the run."""
+    seen = []
+
+    def check(inputs, proposal):
+        seen.append((dict(inputs), dict(proposal)))
+        return proposal["answer"] == "5", f"{proposal['answer']} is not 5"
+
+    revisions = iter(["6", "5"])
+    engine = fake_engine(by_system={FIXER: lambda r: next(revisions), "Solve": "4"})
+    program = EvalOpt(QA, rounds=3, check=check)
+    assert list(roles(program)) == ["generator", "optimizer"]
+    g = trace(program, EXAMPLE, engine)
+    assert g.status == "ok" and calls_per_role(g) == {"generator": 1, "optimizer": 2} and g.outputs == {"answer": "5"}
+    assert seen == [(EXAMPLE, {"answer": a}) for a in ("4", "6", "5")]
+    first, second = (c.messages[-1]["content"] for c in g.calls_of("optimizer"))
+    assert "4 is not 5" in first and "6 is not 5" in second
+    accepted_at_once = trace(EvalOpt(QA, rounds=3, check=lambda i, p: (True, "")), EXAMPLE,
+                             fake_engine(by_system={"Solve": "4"}))
+    assert calls_per_role(accepted_at_once) == {"generator": 1}
+
+
+@pytest.mark.parametrize("kwargs, error", [({"check": "run the tests"}, TypeError),
+                                           ({"check": lambda i, p: (True, ""), "choose_verdict": True}, ValueError)])
+def test_evalopt_check_must_be_a_function_and_replaces_the_evaluator(kwargs, error):
+    with pytest.raises(error, match="check"):
+        EvalOpt(QA, **kwargs)
+
+
 @pytest.mark.parametrize("verdict, ok", [("correct", True), ("Correct, well done", True), ("yes", True),
                                          ("incorrect", False), ("not correct", False), ("", False)])
 def test_accepted(verdict, ok):
