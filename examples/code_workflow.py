@@ -197,6 +197,10 @@ def main(argv: list[str] | None = None) -> dict:
                "best_step": compiled.manifest.best_step, "rollout_tokens": workflow_tokens(Path(args.run_dir)),
                "seconds": round(time.time() - t0, 1)}
     (Path(args.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    # per held-out task, in testset order: what pairs two runs' results (benchmarks/paired_runs.py)
+    (Path(args.run_dir) / "tasks.jsonl").write_text("".join(
+        json.dumps({"task": i, "before": float(b.reward), "after": float(a.reward)}) + "\n"
+        for i, (b, a) in enumerate(zip(before["graphs"], after["graphs"]))))
     return summary
 
 

@@ -91,6 +91,10 @@ def test_the_checked_workflow_runs_the_prompts_example_instead_of_a_reviewer(scr
                            "--n-test", "3", "--examples-per-step", "1", "--group-size", "2", "--max-tokens", "8",
                            "--eval-every", "0"])
     assert summary["check"] is True and summary["reviewer_accept_before"] is None
+    tasks = [json.loads(line) for line in (tmp_path / "runs" / "code-evalopt-check" / "tasks.jsonl").read_text()
+             .splitlines()]  # per held-out task, for pairing runs
+    assert [t["task"] for t in tasks] == [0, 1, 2]
+    assert sum(t["after"] for t in tasks) / 3 == pytest.approx(summary["after"])
     # the tiny model's code never passes the shown example, so every held-out task went to the fixer
     assert summary["revised_before"] == summary["revised_after"] == 3
     assert (tmp_path / "runs" / "code-evalopt-check" / "summary.json").exists() and summary["rollout_tokens"] > 0
