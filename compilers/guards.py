@@ -36,12 +36,15 @@ last rollback, each more than ``drop`` below ``best``. The loop then restores th
 multiplies their learning rates by ``cliff_lr_factor`` and records the event.
 
 **Entropy floor** (:func:`entropy_bonus`). A role whose sampled entropy in a step (the mean negative log-prob of its
-sampled completion tokens, nats per token: the step log's ``entropy``) is below ``floor`` gets an entropy bonus with
+sampled completion tokens, nats per token: the step log's ``entropy``; for a choice role, per sampled choice: the
+entropy of its distribution over the choices) is below ``floor`` gets an entropy bonus with
 coefficient ``coef`` in that step's loss (``compilers.loss``: ``-coef * H_t`` per token, ``H_t`` the exact entropy of
 the policy's next-token distribution), on all its rows, those of flat groups included; a role at or above the floor
 gets none. Why: on the demo a weak draw's voters lost their entropy by step 6 (0.07-0.14 nats against 0.2-0.4 on
 good draws) while still wrong on most problems, so most groups turned flat and the step had nothing left to learn
-from; the bonus acts only once a role has collapsed, so it costs nothing while the role still explores.
+from; the bonus acts only once a role has collapsed, so it costs nothing while the role still explores. The bonus
+is the next-token entropy over the whole vocabulary, so for a choice role (whose floor reading is over its choices)
+it would spread mass off the choices, which decoding ignores: keep choice roles off the floor.
 """
 
 from __future__ import annotations

@@ -133,7 +133,13 @@ def _role_stats(graphs: list[RolloutGraph], groups: list[Group]) -> dict[str, di
         mine = [c for c in calls if c.role == role]
         role_groups = [g for g in groups if g.role == role]
         rewards = [r for g in role_groups for r in g.rewards]
-        sampled = [lp for c in mine if c.logprobs_known for lp in c.logprobs]
+        known = [c for c in mine if c.logprobs_known and c.logprobs]
+        if known and all(c.choice_ids is not None for c in known):
+            # a choice role: its calls' log-probs sum to log q(c), the choice's probability among the choices, so
+            # the estimate is per choice (nats per decision), not per token of the choice's spelling
+            sampled = [sum(c.logprobs) for c in known]
+        else:
+            sampled = [lp for c in known for lp in c.logprobs]
         out[role] = {
             "calls": len(mine),
             "tokens": sum(len(c.completion_ids) for c in mine),
@@ -144,7 +150,8 @@ def _role_stats(graphs: list[RolloutGraph], groups: list[Group]) -> dict[str, di
             "format_error_rate": sum(c.status == "format_error" for c in mine) / max(len(mine), 1),
             # calls cut at max_tokens: a rising rate means answers are being cut off (overlong_penalty acts on it)
             "truncated_rate": sum(c.finish_reason == "length" for c in mine) / max(len(mine), 1),
-            # Monte-Carlo estimate of the sampling entropy: mean negative log-prob of the sampled tokens.
+            # Monte-Carlo estimate of the sampling entropy: mean negative log-prob of the sampled tokens (of the
+            # sampled choices, for a choice role: the entropy of its distribution over the choices)
             "entropy": -statistics.fmean(sampled) if sampled else 0.0,
             "entropy_measured": bool(sampled),  # False: the engine reported no log-probs (entropy 0.0 says nothing)
         }

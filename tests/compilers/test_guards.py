@@ -366,3 +366,25 @@ def test_entropy_floor_raises_a_collapsed_roles_entropy(tiny_handle):
     st = update_adapter(model, opt.optimizers["default"], rows, config=cfg, entropy_coefs={"voter": 1.0})
     assert st["trained_rows"] == 3
     assert mean_entropy() > before + 1e-4
+
+
+def test_the_step_logs_entropy_is_per_token_for_free_text_and_per_choice_for_a_choice_role():
+    """A free-text role's entropy estimate is the mean negative log-prob of its sampled tokens; a choice role's is
+    the mean negative log q(c) of its sampled choices (its calls' log-probs sum to log q(c)), by hand."""
+    from compilers.mmgrpo import _role_stats
+    from wfc.rollout import CallNode, RolloutGraph
+
+    def call(i, role, logprobs, choices=None):
+        return CallNode(id=i, role=role, invocation=0, messages=[{"role": "user", "content": "q"}],
+                        completion_ids=list(range(len(logprobs))), logprobs=logprobs, choice_ids=choices,
+                        outputs={"x": "y"}, started=2 * i, finished=2 * i + 1)
+
+    verdicts = [[1, 2], [3, 4]]
+    graphs = [RolloutGraph([call(0, "writer", [-0.5, -1.5, -1.0]), call(1, "judge", [-0.25, -0.5], verdicts)],
+                           example={}, outputs={"x": "y"}),
+              RolloutGraph([call(0, "writer", [-2.0]), call(1, "judge", [-1.0, 0.0], verdicts)],
+                           example={}, outputs={"x": "y"})]
+    stats = _role_stats(graphs, [])
+    assert stats["writer"]["entropy"] == pytest.approx((0.5 + 1.5 + 1.0 + 2.0) / 4)  # per token
+    assert stats["judge"]["entropy"] == pytest.approx((0.75 + 1.0) / 2)  # per choice
+    assert stats["judge"]["entropy_measured"] and stats["writer"]["entropy_measured"]
