@@ -170,3 +170,25 @@ def test_a_killed_code_run_resumes_from_its_checkpoint(script, tiny_handle, tmp_
     assert [e["after_step"] for e in events if e["kind"] == "resume"] == [1]
     assert [e["step"] for e in events if e["kind"] == "step"] == [1, 2]
     assert summary["steps"] == 2 and (tmp_path / "artifact" / "manifest.json").exists()
+
+
+def test_a_trained_writer_composes_with_the_example_check_and_a_base_fixer(script, tiny_handle, tmp_path,
+                                                                           monkeypatch):
+    """benchmarks/compose_check.py on a tiny single-role artifact: the writer alone scores as the run's own held-out
+    evaluation did; inside EvalOpt(check=example_check) every task (the tiny model's code never passes its example)
+    goes to the fixer, which runs on the base model."""
+    from benchmarks import compose_check
+
+    monkeypatch.chdir(tmp_path)
+    summary = script.main(["--model", "tiny", "--program", "single", "--steps", "1", "--n-train", "4", "--n-val",
+                           "2", "--n-test", "3", "--examples-per-step", "1", "--group-size", "2", "--max-tokens", "8",
+                           "--eval-every", "0", "--out", str(tmp_path / "art")])
+    result = compose_check.main([str(tmp_path / "art"), "--n-test", "3", "--out", str(tmp_path / "c.json")])
+    assert result["writer_adapter"] == "shared" and result["writer"]["pass@1"] == summary["after"]
+    assert result["fixer_calls"] == 3 and len(result["tasks"]["checked"]) == 3
+    assert result["ran_on"] == {"generator": ["shared"], "optimizer": ["None"]}
+    assert result["checked_minus_writer"]["difference"] == pytest.approx(
+        result["checked"]["pass@1"] - result["writer"]["pass@1"])
+    assert json.loads((tmp_path / "c.json").read_text())["tasks"] == result["tasks"]
+    with pytest.raises(SystemExit, match="no role 'critic'"):
+        compose_check.main([str(tmp_path / "art"), "--role", "critic", "--n-test", "3"])

@@ -1,0 +1,89 @@
+"""A code artifact's trained writer, alone and inside EvalOpt with the prompt's example as the check, the fixer on the
+base model: ``python benchmarks/compose_check.py ARTIFACT``.
+
+What it measures: how much running the example a prompt shows, and handing a failure with what it returned to an
+untrained fixer, adds at inference to a writer trained by any run (``examples/code_workflow.py``, either program).
+The training run is the artifact's, so both programs cost the same rollout tokens; the composed one spends a fixer
+call (and a sandbox run) on each task whose shown example fails. Evaluates both greedily on the held-out code tasks
+(``--n-test``, the split ``code_workflow.py`` uses), paired task by task, and prints JSON: each program's pass@1 with
+its interval, the paired difference, and how many tasks the fixer fixed and broke; ``--out`` writes it with the
+per-task scores.
+
+    python benchmarks/compose_check.py artifacts/code-single            # the writer trained alone (Single)
+    python benchmarks/compose_check.py artifacts/code-evalopt --role generator
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+logging.getLogger("dspy").setLevel(logging.ERROR)
+
+
+def writer_role(roles: dict, role: str | None) -> str:
+    """The artifact's role whose adapter is the writer: ``role`` if given, else its only role, else ``generator``."""
+    if role is None:
+        role = next(iter(roles)) if len(roles) == 1 else "generator"
+    if role not in roles:
+        raise SystemExit(f"the artifact has no role {role!r}; its roles are {sorted(roles)}: pass --role")
+    return role
+
+
+def compose(artifact: Path, *, role: str | None = None, n_test: int = 160, model: str | None = None) -> dict:
+    import wfc
+    from compilers import evaluate
+    from compilers.score import paired_difference
+    from programs import EvalOpt
+    from wfc.tasks import get_task
+    from wfc.tasks.visible import example_check
+
+    task = get_task("codegen", n_train=100, n_val=32, n_test=n_test)
+    loaded = wfc.load(artifact, model=model)
+    try:
+        adapter = loaded.roles[writer_role(loaded.roles, role)]
+        programs = {"writer": EvalOpt(task.signature, rounds=0, name="code-evalopt"),
+                    "checked": EvalOpt(task.signature, rounds=1, check=example_check, name="code-evalopt")}
+        results = {name: evaluate(program, task.testset, loaded.engine, metric=task.metric,
+                                  adapters={"generator": adapter, "optimizer": None}, max_tokens=96, progress=name)
+                   for name, program in programs.items()}
+    finally:
+        loaded.engine.close()
+    scores = {name: [float(g.reward) for g in r["graphs"]] for name, r in results.items()}
+    pair = paired_difference(scores["writer"], scores["checked"])
+    fixer_calls = sum(any(c.role == "optimizer" for c in g.calls) for g in results["checked"]["graphs"])
+    # what the calls ran on, read back from the rollout graphs (the fixer: the base model, adapter None)
+    ran_on = {role: sorted({str(c.adapter) for g in results["checked"]["graphs"] for c in g.calls if c.role == role})
+              for role in ("generator", "optimizer")}
+    return {"artifact": str(artifact), "writer_adapter": adapter, "n": n_test,
+            **{name: {"pass@1": r["accuracy"], "interval": r["interval"]} for name, r in results.items()},
+            "checked_minus_writer": pair, "fixer_calls": fixer_calls, "ran_on": ran_on, "fixed": pair["only_after"],
+            "broken": pair["only_before"], "tasks": scores}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("artifact", type=Path)
+    ap.add_argument("--role", default=None, help="the writer's role in the artifact (default: its only role, else "
+                                                  "'generator')")
+    ap.add_argument("--n-test", type=int, default=160)
+    ap.add_argument("--model", default=None, help="where the base weights come from (default: the artifact's)")
+    ap.add_argument("--out", type=Path, default=None, help="write the result, per-task scores included, as JSON")
+    args = ap.parse_args(argv)
+    result = compose(args.artifact, role=args.role, n_test=args.n_test, model=args.model)
+    print(json.dumps({k: v for k, v in result.items() if k != "tasks"}, indent=1))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_name(args.out.name + ".tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.replace(args.out)  # whole or not at all
+    return result
+
+
+if __name__ == "__main__":
+    main()
