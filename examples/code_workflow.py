@@ -19,6 +19,12 @@ step's peak 12.7 -> 9.0 GB, its update 37% slower). The script is the template f
     python examples/code_workflow.py --choose-verdict   # the reviewer picks correct / incorrect (decoded as a choice):
                                                         # seed 0 0.569 -> 0.731, +0.163 [+0.105, +0.220], 37 min
     python examples/code_workflow.py --program single --set max_rollout_tokens=N --steps 80   # the writer alone
+    python examples/code_workflow.py --check --backend isolated   # no reviewer: the prompt's example is run and a
+                                                                  # failure goes to the fixer with what it returned
+
+Each run writes ``summary.json`` and ``tasks.jsonl`` (per held-out task, before and after) to its run folder;
+``benchmarks/paired_runs.py A B`` pairs two runs task by task, and ``benchmarks/compose_check.py ARTIFACT`` measures
+a trained writer inside ``EvalOpt(check=example_check)`` with the fixer on the base model.
 """
 
 from __future__ import annotations

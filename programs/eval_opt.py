@@ -60,13 +60,13 @@ class EvalOpt(Program):
             ))
             return
         if choose_verdict:
-            check = "Check the proposed solution of the task: is it right?"
+            ask = "Check the proposed solution of the task: is it right?"
             verdict = (Verdict, "verdict")
         else:
-            check = ("Check the proposed solution of the task. Reply 'correct' if it is right; otherwise reply "
+            ask = ("Check the proposed solution of the task. Reply 'correct' if it is right; otherwise reply "
                      "'incorrect' and say briefly what is wrong.")
             verdict = (str, "'correct', or 'incorrect' with the reason")
-        self.evaluator = predictor(derive(sig, outputs_as_inputs=True, instructions=check,
+        self.evaluator = predictor(derive(sig, outputs_as_inputs=True, instructions=ask,
                                           outputs={"verdict": verdict}))
         self.optimizer = predictor(derive(
             sig, outputs_as_inputs=True, prefix="previous_",

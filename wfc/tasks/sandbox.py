@@ -67,10 +67,10 @@ hold ``max_processes`` times ``memory_bytes``). ``RLIMIT_NPROC`` counts every pr
 so concurrent sandboxes share it, and without a PID namespace so do the killed processes of earlier runs until the
 host's PID 1 reaps them (a second or two after a fork bomb): a run that cannot start for it is retried with
 backoff (``BUSY_RETRIES``; without, 64 concurrent runs lost 23 to it), and is ``crashed`` if it still cannot.
-Hosts with neither root nor namespaces get none of the process and file layers: the program runs as the host's user, next to it. A root host whose interpreter
-``nobody`` cannot run gets no file or ``/proc`` layer (the program is root). This is a guard against accidents and
-sloppy or reward-hacking model output, not a security boundary against a determined attacker (kernel exploits are
-out of scope): use a VM or gVisor for that.
+Hosts with neither root nor namespaces get none of the process and file layers: the program runs as the host's
+user, next to it. A root host whose interpreter ``nobody`` cannot run gets no file or ``/proc`` layer (the program
+is root). This is a guard against accidents and sloppy or reward-hacking model output, not a security boundary
+against a determined attacker (kernel exploits are out of scope): use a VM or gVisor for that.
 
 Mechanics: the host starts ``sandbox_runner.py`` (no ``preexec_fn``, so :func:`run_python` is safe to call from
 several threads at once); the runner applies the limits, enters the namespaces, drops privileges, makes itself
@@ -87,8 +87,8 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
