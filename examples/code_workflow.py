@@ -121,8 +121,8 @@ def _roles_line(report: dict, when: str) -> str:
     if not report:
         return ""
     accept, agreement = report[f"reviewer_accept_{when}"], report[f"reviewer_agreement_{when}"]
-    reviewer = "" if accept is None else (
-        f"; reviewer accepted {accept:.0%}, agreed with the tests on {'n/a' if agreement is None else f'{agreement:.0%}'}")
+    agreed = "n/a" if agreement is None else f"{agreement:.0%}"
+    reviewer = "" if accept is None else f"; reviewer accepted {accept:.0%}, agreed with the tests on {agreed}"
     return (f" (writer alone {report[f'writer_{when}']:.3f}{reviewer}; fixer called in {report[f'revised_{when}']}, "
             f"fixed {report[f'fixed_{when}']}, broke {report[f'broken_{when}']})")
 
@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"({pair['only_after']} tasks passed only after, {pair['only_before']} only before)")
     print(f"artifact: {compiled.save(args.out)}")
     summary = {"program": args.program, "recipe": args.recipe, "overrides": overrides,
-               "choose_verdict": args.choose_verdict, "check": args.check, "backend": args.backend, **recipe, "seed": args.seed, "n_test": args.n_test,
+               "choose_verdict": args.choose_verdict, "check": args.check, "backend": args.backend, **recipe,
+               "seed": args.seed, "n_test": args.n_test,
                "n_val": args.n_val, "before": before["accuracy"], "after": after["accuracy"], **pair, **roles,
                "best_step": compiled.manifest.best_step, "rollout_tokens": workflow_tokens(Path(args.run_dir)),
                "seconds": round(time.time() - t0, 1)}
