@@ -11,7 +11,9 @@ takes.
 
 Invariants: an expected value is compared with ``==`` after evaluating both sides in the sandbox (never in the
 host); a prompt that shows no example passes (there is nothing to check, and the check must not reject what it
-cannot judge); every example runs in one sandbox run, and the first failing one is reported.
+cannot judge); every example runs in one sandbox run, and the first failing one is reported. Known gap: an answer
+that continues a completion-style prompt (a HumanEval body without its ``def`` line) is run as written, so it reads
+as code that does not run; ``wfc.tasks.code.build_program`` joins such answers to their stub for the tests.
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def _harness(code: str, examples: list[tuple[str, str]], marker: str) -> str:
     lines = [code, "", "", "import json as _wfc_json, os as _wfc_os", "def _wfc_report(*row):",
              f"    _wfc_os.write(1, ({marker!r} + _wfc_json.dumps(row) + '\\n').encode())"]
     for i, (call, want) in enumerate(examples):
-        lines += ["try:", f"    _wfc_got = {call}", f"    _wfc_report({i}, bool(_wfc_got == ({want})), repr(_wfc_got)[:{SHOWN}])",
+        lines += ["try:", f"    _wfc_got = {call}",
+                  f"    _wfc_report({i}, bool(_wfc_got == ({want})), repr(_wfc_got)[:{SHOWN}])",
                   "except Exception as _wfc_error:",
                   f"    _wfc_report({i}, False, None, (type(_wfc_error).__name__ + ': ' + str(_wfc_error))[:{SHOWN}])"]
     return "\n".join(lines) + "\n"
