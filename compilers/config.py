@@ -57,6 +57,15 @@ class MMGRPOConfig(BaseModel):
         default_factory=list, description="roles credited counterfactually (CCPO; compilers.counterfactual): each "
                                           "call's reward is the rollout's minus that of a rerun with only it "
                                           "resampled; ['*'] for every role; costs one rerun per credited call")
+    frozen_roles: list[str] = Field(
+        default_factory=list, description="roles that run on the base model (no adapter) and are never trained: "
+                                          "their calls stay in rollouts and validation, and make no training rows")
+    skip_frozen: bool = Field(
+        False, description="training rollouts end at a frozen role's first call (not generated, no tokens spent) "
+                           "and are scored on the latest answer before it (wfc.lower, stopped rollouts). For "
+                           "frozen revisers after every trained call, under per-call credit (own_output, verified, "
+                           "verified-strict): such calls train nothing and no trained call's reward reads them. "
+                           "Validation and the artifact run the whole program")
     role_advantage_norm: bool = Field(
         False, description="scale each role's advantages to unit RMS over the step (Dr.MAS): no role's reward scale "
                            "dominates a shared adapter")
@@ -163,4 +172,13 @@ class MMGRPOConfig(BaseModel):
 
         if self.credit not in CREDIT:
             raise ValueError(f"credit={self.credit!r} is unknown: use one of {sorted(CREDIT)}")
+        if self.skip_frozen and not self.frozen_roles:
+            raise ValueError("skip_frozen=True skips the frozen roles' calls in training, but frozen_roles is empty: "
+                             "name the roles to freeze, e.g. frozen_roles=['optimizer']")
+        if self.skip_frozen and self.credit == "inherit":
+            raise ValueError("skip_frozen=True needs per-call credit (credit='own_output', 'verified' or "
+                             "'verified-strict'): under 'inherit' every call trains on the whole program's reward, "
+                             "which the skipped calls would change")
+        if len(set(self.frozen_roles)) != len(self.frozen_roles):
+            raise ValueError(f"frozen_roles names a role twice: {self.frozen_roles}")
         return self

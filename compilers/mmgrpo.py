@@ -227,10 +227,12 @@ class MMGRPO:
             distributed = from_env(device=policy.device if policy is not None else cfg.device)
         main = distributed.is_main
         progress = progress and main
+        frozen = _check_frozen(cfg, list(role_map))
+        trained = [r for r in role_map if r not in frozen]
         engine, policy = _policy_and_engine(engine, policy, model, cfg)
-        check_role_keys("role_learning_rates", cfg.role_learning_rates, list(role_map))
-        check_role_keys("role_max_grad_norm", cfg.role_max_grad_norm, list(role_map))
-        check_role_keys("counterfactual_roles", {r: 1 for r in cfg.counterfactual_roles if r != "*"}, list(role_map))
+        check_role_keys("role_learning_rates", cfg.role_learning_rates, trained)
+        check_role_keys("role_max_grad_norm", cfg.role_max_grad_norm, trained)
+        check_role_keys("counterfactual_roles", {r: 1 for r in cfg.counterfactual_roles if r != "*"}, trained)
         # LoRA init and unseeded sampling (counterfactual reruns) draw from torch's generator
         torch.manual_seed(cfg.seed)
         if resumed is not None and isinstance(backend, str) and backend == "auto":  # the run's own traced choice
@@ -240,10 +242,13 @@ class MMGRPO:
 
             plan = distributed.broadcast(auto_plan(student, trainset, engine, config=cfg, seed=cfg.seed)
                                          if main else None)  # traced once: every rank trains the same plan
+            plan = _without(plan, frozen)
             if progress:
                 print(plan.describe())
         else:
-            plan = resolve_backend(backend, list(role_map))
+            plan = resolve_backend(backend, trained)
+        # trained role -> adapter: what rollouts route by (a role it does not name, a frozen one, runs on the base
+        # model: wfc.lower.bind) and what the update trains; the artifact also lists the frozen roles, as None
         role_adapters = plan.role_adapters
         fingerprint = ckpt.fingerprint(cfg, base_model=policy.handle.name, base_checksum=policy.handle.checksum,
                                        role_adapters=role_adapters, trainset=trainset, valset=valset,
@@ -290,7 +295,7 @@ class MMGRPO:
         log = RunLog(run_dir, write=main, fresh=resumed is None)
         if resumed is None:
             log.append({"kind": "plan", "backend": plan.spec, "roles": role_adapters, "reasons": plan.reasons,
-                        "learning_rates": rates})
+                        "learning_rates": rates, "frozen_roles": frozen, "skip_frozen": cfg.skip_frozen})
         steps = cfg.steps
         st = ckpt.LoopState()  # history, evals, events, revisions, best, rollback, tokens spent: what a resume restores
         if resumed is not None:  # the demos are in the program state the checkpoint restores
@@ -329,6 +334,8 @@ class MMGRPO:
                            metric_failure_score=cfg.metric_failure_score if cfg.metric_failure_score is not None
                            else cfg.failure_score, distributed=distributed)
             revisions[step] = {a: policy.adapter_state(a) for a in plan.adapters}
+            if cfg.skip_frozen and step == 0:
+                _check_skippable(res["graphs"], frozen, roles(student))
             record = {"kind": "eval", "step": step, "val_accuracy": res["accuracy"], "n": res["n"],
                       "interval": [round(x, 4) for x in res["interval"]],
                       "format_error_rate": res["format_error_rate"], "crash_rate": res["crash_rate"],
@@ -372,8 +379,8 @@ class MMGRPO:
             # draw repeats whatever the thread timing and whichever rank runs it
             seeds = [derive_seed(cfg.seed, "rollout", step, i) for i in mine]
             rollouts = run_rollouts(student, examples, engine, repeats=cfg.group_size, adapters=role_adapters,
-                                    sampling=sampling, max_workers=cfg.rollout_workers,
-                                    seeds=seeds) if examples else []
+                                    sampling=sampling, max_workers=cfg.rollout_workers, seeds=seeds,
+                                    stop_roles=frozen if cfg.skip_frozen else ()) if examples else []
             cost = {k: 0 for k in cf_cost}
             for graphs in rollouts:
                 for g in graphs:
@@ -406,10 +413,10 @@ class MMGRPO:
                     break
                 drawn.extend(indices)
                 rollouts = roll_out(indices, step)
-                signal = signal_examples(build_groups(rollouts, mode=cfg.grouping, failure_score=cfg.failure_score,
-                                                      format_failure_score=cfg.format_failure_score,
-                                                      pool_fanout=cfg.pool_fanout,
-                                                      overlong_penalty=cfg.overlong_penalty), len(indices))
+                signal = signal_examples(_trained(build_groups(
+                    rollouts, mode=cfg.grouping, failure_score=cfg.failure_score,
+                    format_failure_score=cfg.format_failure_score, pool_fanout=cfg.pool_fanout,
+                    overlong_penalty=cfg.overlong_penalty), role_adapters), len(indices))
                 rewards.extend(g.reward for graphs in rollouts for g in graphs)
                 tokens += sum(len(c.completion_ids) for graphs in rollouts for g in graphs for c in g.calls)
                 for i, graphs, has in zip(indices, rollouts, signal):
@@ -469,14 +476,16 @@ class MMGRPO:
             st.spent += drawing["completion_tokens"]
             drawing["completion_tokens_total"] = st.spent
             t_roll = time.time() - t0
-            groups = build_groups(rollouts, mode=cfg.grouping, failure_score=cfg.failure_score,
-                                  format_failure_score=cfg.format_failure_score, pool_fanout=cfg.pool_fanout,
-                                  overlong_penalty=cfg.overlong_penalty)
+            all_groups = build_groups(rollouts, mode=cfg.grouping, failure_score=cfg.failure_score,
+                                      format_failure_score=cfg.format_failure_score, pool_fanout=cfg.pool_fanout,
+                                      overlong_penalty=cfg.overlong_penalty)
+            groups = _trained(all_groups, role_adapters)
             scored = []
-            for g in groups:
+            for g in all_groups:  # a frozen role's advantages too: its step stats read them, the update does not
                 ga = group_advantages(g.rewards, cfg.advantage)
                 g.advantages, g.no_signal = ga.advantages, ga.no_signal
-                scored.append(ga)
+                if g.role in role_adapters:
+                    scored.append(ga)  # the step's no-signal rate: of what trains
             scales = role_scales((g.role, g.advantages) for g in groups) if cfg.role_advantage_norm else {}
             for g in groups:
                 if scales.get(g.role, 1.0) != 1.0:
@@ -487,7 +496,7 @@ class MMGRPO:
             optimizers.apply_schedule(lr_mult)
             weights = fanout_weights(groups) if cfg.fanout_scaling else {}
             graphs = [g for gs in rollouts for g in gs]
-            per_role = _role_stats(graphs, groups)  # of the rollouts, so before the update
+            per_role = _role_stats(graphs, all_groups)  # of the rollouts, so before the update
             # a role whose engine reported no log-probs (a scripted engine) has no measured entropy: no bonus
             bonus = entropy_bonus({r: s["entropy"] for r, s in per_role.items() if s["entropy_measured"]},
                                   floor=cfg.entropy_floor, coef=cfg.entropy_coef)
@@ -499,6 +508,8 @@ class MMGRPO:
             st.current = step
             for role in per_role:
                 per_role[role]["entropy_bonus"] = bonus.get(role, 0.0)
+                if role in frozen:
+                    per_role[role]["frozen"] = True
             _add_guard_stats(per_role, groups, weights, upd, role_adapters, optimizers)
             record = {
                 "kind": "step", "step": step,
@@ -554,7 +565,7 @@ class MMGRPO:
             base_model_checksum=policy.handle.checksum,
             program_import_path=program_import_path,
             program_class=f"{type(program).__module__}:{type(program).__qualname__}",
-            roles=role_adapters,
+            roles={r: role_adapters.get(r) for r in role_map},  # a frozen role: None, the base model
             backend=plan.spec,
             backend_reasons=plan.reasons,
             config={"metric": getattr(self.metric, "__name__", repr(self.metric)), **cfg.model_dump()},
@@ -566,6 +577,54 @@ class MMGRPO:
             package_versions=package_versions(),
         )
         return CompiledProgram(student, engine, manifest, policy=policy, revisions=revisions, run_dir=run_dir)
+
+
+def _check_frozen(cfg: MMGRPOConfig, role_paths: list[str]) -> list[str]:
+    """The config's frozen roles, checked against the program's roles: each must be one, and one role at least must
+    be left to train."""
+    unknown = [r for r in cfg.frozen_roles if r not in role_paths]
+    if unknown:
+        raise ValueError(f"frozen_roles names {unknown}, which the program does not have; its roles are {role_paths}")
+    if role_paths and set(cfg.frozen_roles) >= set(role_paths):
+        raise ValueError(f"frozen_roles freezes every role ({role_paths}): nothing is left to train; for the program "
+                         "as it is, run it uncompiled (or use strategy='p' for demonstrations only)")
+    return [r for r in role_paths if r in cfg.frozen_roles]  # program order
+
+
+def _without(plan: BackendPlan, frozen: Sequence[str]) -> BackendPlan:
+    """``plan`` less the frozen roles (an ``auto`` plan is traced over every role)."""
+    if not frozen:
+        return plan
+    kept = {r: a for r, a in plan.role_adapters.items() if r not in frozen}
+    return BackendPlan(plan.spec, kept, plan.reasons + [f"frozen (base model, not trained): {list(frozen)}"],
+                       role_graph=plan.role_graph)
+
+
+def _trained(groups: list[Group], role_adapters: Mapping[str, str]) -> list[Group]:
+    """The groups of trained roles: a frozen role's calls make no rows, and its reward spread is no signal."""
+    return [g for g in groups if g.role in role_adapters]
+
+
+def _check_skippable(graphs: Sequence[RolloutGraph], frozen: Sequence[str], role_map: Mapping[str, Any]) -> None:
+    """``skip_frozen`` is exact only when every frozen call comes after every trained call and revises the answer:
+    checked on the step-0 validation runs (the whole program, greedy). Raises ``ValueError`` saying which rule broke."""
+    for g in graphs:
+        calls = sorted(g.calls, key=lambda c: c.started)
+        first = next((i for i, c in enumerate(calls) if c.role in frozen), None)
+        if first is None:
+            continue
+        late = sorted({c.role for c in calls[first:] if c.role not in frozen})
+        if late:
+            raise ValueError(f"skip_frozen: trained role(s) {late} were called after frozen role "
+                             f"{calls[first].role!r} in a validation run; skipping would never train those calls. "
+                             "Set skip_frozen=False, or freeze only roles that come last")
+        if g.outputs:
+            fields = set(role_map[calls[first].role].signature.output_fields)
+            if not set(g.outputs) <= fields:
+                raise ValueError(f"skip_frozen: frozen role {calls[first].role!r} gives {sorted(fields)}, not the "
+                                 f"program's answer {sorted(g.outputs)}; a stopped run is scored on the latest "
+                                 "answer before it, so only a role that revises the answer can be skipped. Set "
+                                 "skip_frozen=False")
 
 
 def _check_same_compile(distributed: Distributed, fingerprint: Mapping[str, Any]) -> None:

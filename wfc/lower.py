@@ -13,6 +13,14 @@ is placed by (branch path, its count among the role's calls in that branch), whi
 timing; once the rollout ends, each role's calls are numbered (``invocation``) in that order: the role's calls outside
 any fan-out first, in submission order, then branch by branch (Voting's voter i is invocation i).
 
+Stopped rollouts: ``trace(..., stop_roles={"optimizer"})`` ends the run at the first call of any of those roles,
+before it is generated (no node, no tokens), and takes as the run's outputs the latest answer made before it: the
+outputs of the last finished ``ok`` call that gave every output field of the stopping role (the answer a reviser
+would have revised). A compile skips its frozen roles' calls in training rollouts this way
+(``MMGRPOConfig.skip_frozen``): calls that train nothing and whose output no trained call's reward reads.
+The stop is a ``BaseException`` so that a program's own ``except Exception`` (a vote that drops a failed voter)
+cannot swallow it.
+
 Seeded rollouts: ``trace(..., seed=s)`` gives every call its own sampling seed, ``derive_seed(s, role, branch path,
 count)``, so a rollout samples the same tokens however its calls fall into the engine's batches (which follow thread
 timing) and numbers them the same way.
@@ -41,6 +49,14 @@ RoleAdapters = Mapping[str, str | None]
 
 # the fan-out branch a call is made in: () outside any parallel_map, (i,) in item i, (i, j) in a nested one
 _BRANCH: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar("wfc_branch", default=())
+
+
+class RolloutStop(BaseException):
+    """Raised by a stopping role's call (``trace``'s ``stop_roles``): ends the run there. Caught by ``trace``."""
+
+    def __init__(self, role: str):
+        super().__init__(role)
+        self.role = role
 
 
 def derive_seed(*parts: Any) -> int:
@@ -131,8 +147,9 @@ class RoleEngine:
     """DSPy engine object for one role of one rollout: routes to the wfc engine and records a CallNode per call."""
 
     def __init__(self, engine: Engine, role: str, adapter: str | None, signature, sampling: SamplingParams,
-                 recorder: _Recorder | None):
+                 recorder: _Recorder | None, stop: bool = False):
         self.engine = engine
+        self.stop = stop  # the run ends at this role's first call (trace's stop_roles)
         self.role = role
         self.adapter = adapter
         self.signature = signature
@@ -140,6 +157,8 @@ class RoleEngine:
         self.recorder = recorder
 
     def complete(self, request):
+        if self.stop:
+            raise RolloutStop(self.role)
         messages = _messages(request)
         cfg = request.config
         parser = self._parser()
@@ -198,12 +217,15 @@ class RoleEngine:
 
 def bind(program: dspy.Module, engine: Engine, *, adapters: RoleAdapters | None = None,
          sampling: SamplingParams | Mapping[str, SamplingParams] = SamplingParams(),
-         recorder: _Recorder | None = None) -> dspy.Module:
-    """Give every predictor of ``program`` (in place) its own LM handle on ``engine``; returns ``program``."""
+         recorder: _Recorder | None = None, stop_roles: Iterable[str] = ()) -> dspy.Module:
+    """Give every predictor of ``program`` (in place) its own LM handle on ``engine``; returns ``program``. A call
+    of a role in ``stop_roles`` raises :class:`RolloutStop` instead of generating."""
     adapters = adapters or {}
+    stop_roles = frozenset(stop_roles)
     for path, predictor in roles(program).items():
         role_sampling = sampling.get(path, SamplingParams()) if isinstance(sampling, Mapping) else sampling
-        role_engine = RoleEngine(engine, path, adapters.get(path), predictor.signature, role_sampling, recorder)
+        role_engine = RoleEngine(engine, path, adapters.get(path), predictor.signature, role_sampling, recorder,
+                                 stop=path in stop_roles)
         predictor.lm = dspy.LM(model=f"wfc/{path}", engine=role_engine, cache=False, num_retries=0,
                                temperature=role_sampling.temperature, max_tokens=role_sampling.max_tokens)
     return program
@@ -222,21 +244,26 @@ def _prediction_dict(prediction: Any) -> dict[str, Any] | None:
 def trace(program: dspy.Module, example: dspy.Example | Mapping[str, Any], engine: Engine, *,
           adapters: RoleAdapters | None = None,
           sampling: SamplingParams | Mapping[str, SamplingParams] = SamplingParams(),
-          adapter: dspy.Adapter | None = None, seed: int | None = None) -> RolloutGraph:
+          adapter: dspy.Adapter | None = None, seed: int | None = None,
+          stop_roles: Iterable[str] = ()) -> RolloutGraph:
     """Run ``program`` once on ``example`` and return its rollout graph. Never raises for a failing run: a format
     error or a crash becomes the rollout's status, with every call made up to that point kept. ``seed``: every
-    sampled call gets its own seed derived from it (module doc), so the run repeats."""
+    sampled call gets its own seed derived from it (module doc), so the run repeats. ``stop_roles``: the run ends
+    at the first call of one of them (module doc, "Stopped rollouts"); ``stopped_at`` names it."""
     inputs = dict(example.inputs()) if isinstance(example, dspy.Example) else dict(example)
     record = dict(example.items()) if isinstance(example, dspy.Example) else dict(example)
     recorder = _Recorder(seed)
-    prog = bind(copy_program(program), engine, adapters=adapters, sampling=sampling, recorder=recorder)
-    status, error, outputs = "ok", None, None
+    prog = bind(copy_program(program), engine, adapters=adapters, sampling=sampling, recorder=recorder,
+                stop_roles=stop_roles)
+    status, error, outputs, stopped_at = "ok", None, None, None
     dspy_trace: list = []
     root = _BRANCH.set(())  # a rollout's places start at the root, whichever fan-out runs the rollout itself
     try:
         with dspy.context(adapter=adapter or CompactChatAdapter(), trace=dspy_trace):
             outputs = _prediction_dict(prog(**inputs))
             dspy_trace = list(dspy.settings.trace)
+    except RolloutStop as stop:
+        stopped_at = stop.role
     except AdapterParseError as exc:
         status, error = "format_error", str(exc)[:2000]
     except Exception as exc:
@@ -246,9 +273,21 @@ def trace(program: dspy.Module, example: dspy.Example | Mapping[str, Any], engin
         _BRANCH.reset(root)
     recorder.renumber()
     _attach_inputs(prog, dspy_trace, recorder.calls)
+    if stopped_at is not None:
+        outputs = _latest_answer(recorder.calls, list(roles(prog)[stopped_at].signature.output_fields))
     if status == "ok" and any(c.status == "crash" for c in recorder.calls):
         status = "crash"  # a crashed call the program swallowed still interrupted its trajectory
-    return RolloutGraph(recorder.calls, example=record, outputs=outputs, status=status, error=error)
+    return RolloutGraph(recorder.calls, example=record, outputs=outputs, status=status, error=error,
+                        stopped_at=stopped_at)
+
+
+def _latest_answer(calls: list[CallNode], fields: list[str]) -> dict[str, Any] | None:
+    """The ``fields`` of the last finished ``ok`` call that gave them all (a stopped run's outputs), else None."""
+    done = [c for c in calls if c.status == "ok" and c.outputs and all(f in c.outputs for f in fields)]
+    if not done:
+        return None
+    last = max(done, key=lambda c: c.finished)
+    return {f: last.outputs[f] for f in fields}
 
 
 def _attach_inputs(program: dspy.Module, dspy_trace: list, calls: list[CallNode]) -> None:
@@ -289,11 +328,12 @@ def run_rollouts(program: dspy.Module, examples: list, engine: Engine, *, repeat
                  sampling: SamplingParams | Mapping[str, SamplingParams] = SamplingParams(),
                  adapter: dspy.Adapter | None = None, max_workers: int = 256,
                  on_done: Callable[[], Any] | None = None,
-                 seeds: list[int] | None = None) -> list[list[RolloutGraph]]:
+                 seeds: list[int] | None = None, stop_roles: Iterable[str] = ()) -> list[list[RolloutGraph]]:
     """``repeats`` rollouts of ``program`` per example, all in flight together so the engine batches them.
     Returns one list of graphs per example, in input order. ``on_done`` is called (from a worker thread) as each
     example's last rollout finishes, e.g. a progress bar's ``update``. ``seeds``: one per example; rollout r of
-    example i is traced with ``derive_seed(seeds[i], r)``, so the draw repeats whatever the thread timing."""
+    example i is traced with ``derive_seed(seeds[i], r)``, so the draw repeats whatever the thread timing.
+    ``stop_roles``: every run ends at the first call of one of them (``trace``)."""
     roles(program)  # validate once, before any thread starts
     if seeds is not None and len(seeds) != len(examples):
         raise ValueError(f"seeds has {len(seeds)} entries for {len(examples)} examples: give one per example")
@@ -303,7 +343,8 @@ def run_rollouts(program: dspy.Module, examples: list, engine: Engine, *, repeat
     lock = threading.Lock()
 
     def run(job):
-        graph = trace(program, job[1], engine, adapters=adapters, sampling=sampling, adapter=adapter, seed=job[2])
+        graph = trace(program, job[1], engine, adapters=adapters, sampling=sampling, adapter=adapter, seed=job[2],
+                      stop_roles=stop_roles)
         if on_done is not None:
             with lock:
                 left[job[0]] -= 1

@@ -68,6 +68,7 @@ class RolloutGraph:
         outputs: dict[str, Any] | None = None,
         status: RolloutStatus = "ok",
         error: str | None = None,
+        stopped_at: str | None = None,
     ):
         self.graph = nx.DiGraph()
         for call in sorted(calls, key=lambda c: c.id):
@@ -76,6 +77,9 @@ class RolloutGraph:
         self.outputs = outputs
         self.status: RolloutStatus = status
         self.error = error
+        # the role whose first call ended this run early (``wfc.lower.trace``'s ``stop_roles``), else None; the
+        # outputs are then the latest answer made before it
+        self.stopped_at = stopped_at
         self.reward: float | None = None
         self._link()
 
@@ -118,6 +122,7 @@ class RolloutGraph:
             "outputs": self.outputs,
             "status": self.status,
             "error": self.error,
+            "stopped_at": self.stopped_at,
             "reward": self.reward,
             "calls": [c.model_dump() for c in self.calls],
             "edges": [{"src": a, "dst": b, **d} for a, b, d in self.graph.edges(data=True)],

@@ -238,3 +238,36 @@ def test_fan_out_calls_are_numbered_by_branch_not_by_arrival(fake_engine):
         assert [c.invocation for c in voters] == [0, 1, 2, 3]
         assert [c.text for c in voters] == [str(derive_seed(7, "voter", (k,), 0) % 1000) for k in range(4)]
     assert len(orders) > 1, "the branches never arrived out of order: the test did not test anything"
+
+
+def test_a_stop_role_ends_the_run_at_its_first_call_with_the_latest_answer(fake_engine):
+    """stop_roles: the stopping role's call is never generated (no node), the run is ok, and its outputs are the
+    latest answer made before it; without the stop the same program runs to the end."""
+    qa = dspy.Signature("question -> answer", "Solve the arithmetic problem.")
+    check = lambda inputs, proposal: (proposal["answer"] == "5", "not 5")  # noqa: E731
+    engine = fake_engine(by_system={"failed a check": "5", "Solve": "4"})
+    full = trace(EvalOpt(qa, rounds=2, check=check), {"question": "2 + 3?"}, engine)
+    assert [c.role for c in full.calls] == ["generator", "optimizer"] and full.outputs == {"answer": "5"}
+    assert full.stopped_at is None
+    stopped = trace(EvalOpt(qa, rounds=2, check=check), {"question": "2 + 3?"}, engine, stop_roles={"optimizer"})
+    assert stopped.status == "ok" and stopped.stopped_at == "optimizer"
+    assert [c.role for c in stopped.calls] == ["generator"] and stopped.outputs == {"answer": "4"}
+    assert stopped.to_dict()["stopped_at"] == "optimizer"
+    # an accepted first answer never reaches the stopping role: an ordinary run
+    accepted = trace(EvalOpt(qa, rounds=2, check=lambda i, p: (True, "")), {"question": "2 + 3?"}, engine,
+                     stop_roles={"optimizer"})
+    assert accepted.stopped_at is None and accepted.outputs == {"answer": "4"}
+
+
+def test_a_stop_is_not_swallowed_by_a_program_that_catches_its_roles_errors(fake_engine):
+    """Voting drops a voter that raises; a stop in the voters must still end the run (it is no Exception), and
+    with nothing answered before it the stopped run has no outputs. Stopping at the aggregator keeps every vote."""
+    qa = dspy.Signature("question -> answer", "Solve the arithmetic problem.")
+    engine = fake_engine(by_system={"Several solvers": "5", "Solve": lambda r: "4"})
+    at_voters = trace(Voting(qa, n=3), {"question": "2 + 3?"}, engine, stop_roles={"voter"})
+    assert at_voters.status == "ok" and at_voters.stopped_at == "voter" and at_voters.calls == []
+    assert at_voters.outputs is None
+    at_aggregator = trace(Voting(qa, n=3), {"question": "2 + 3?"}, engine, stop_roles={"aggregator"})
+    assert [c.role for c in at_aggregator.calls] == ["voter"] * 3 and at_aggregator.outputs == {"answer": "4"}
+    graphs = run_rollouts(Voting(qa, n=3), [{"question": "1?"}], engine, repeats=2, stop_roles={"aggregator"})
+    assert [g.stopped_at for g in graphs[0]] == ["aggregator", "aggregator"]
