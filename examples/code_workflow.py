@@ -21,6 +21,9 @@ step's peak 12.7 -> 9.0 GB, its update 37% slower). The script is the template f
     python examples/code_workflow.py --program single --set max_rollout_tokens=N --steps 80   # the writer alone
     python examples/code_workflow.py --check --backend isolated   # no reviewer: the prompt's example is run and a
                                                                   # failure goes to the fixer with what it returned
+    python examples/code_workflow.py --check --frozen-fixer       # ... the fixer on the base model, never trained,
+                                                                  # left out of training rollouts: the writer trains
+                                                                  # on the whole budget
 
 Each run writes ``summary.json`` and ``tasks.jsonl`` (per held-out task, before and after) to its run folder;
 ``benchmarks/paired_runs.py A B`` pairs two runs task by task, and ``benchmarks/compose_check.py ARTIFACT`` measures
@@ -154,20 +157,26 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--check", action="store_true",
                     help="no reviewer: EvalOpt judges the writer's code by running the example the prompt shows "
                          "(EvalOpt(check=wfc.tasks.visible.example_check)) and tells the fixer what it returned")
+    ap.add_argument("--frozen-fixer", action="store_true",
+                    help="the fixer runs on the base model and is never trained (frozen_roles=['optimizer']); with "
+                         "--check its calls are also left out of training rollouts (skip_frozen: they would train "
+                         "nothing), so the writer trains on the whole budget")
     ap.add_argument("--backend", default="shared", choices=("shared", "isolated", "auto"),
                     help="one adapter for every role (shared), one per role (isolated), or chosen by tracing (auto)")
     ap.add_argument("--resume", action="store_true",
                     help="continue a killed run from the checkpoint in --run-dir (same flags as that run)")
     args = ap.parse_args(argv)
-    label = f"{args.program}-check" if args.check else args.program  # different programs' runs never share a folder
+    # different programs' runs never share a folder
+    label = args.program + ("-check" if args.check else "") + ("-frozen" if args.frozen_fixer else "")
     args.run_dir = args.run_dir or f"runs/code-{label}"
     args.out = args.out or f"artifacts/code-{label}"
     t0 = time.time()
     task = get_task("codegen", n_train=args.n_train, n_val=args.n_val, n_test=args.n_test)
     engine = HFEngine(args.model)
     if args.program == "single":
-        if args.choose_verdict or args.check:
-            ap.error("--choose-verdict and --check are EvalOpt options: Single has no reviewer")
+        if args.choose_verdict or args.check or args.frozen_fixer:
+            ap.error("--choose-verdict, --check and --frozen-fixer are EvalOpt options: Single has no reviewer or "
+                     "fixer")
         program = Single(task.signature, name="code-single")
     elif args.check and args.choose_verdict:
         ap.error("--check replaces the reviewer, so it has no verdict to choose: pass one of the two")
@@ -178,6 +187,9 @@ def main(argv: list[str] | None = None) -> dict:
     for key in ("examples_per_step", "group_size", "eval_every"):
         if getattr(args, key) is not None:
             recipe[key] = getattr(args, key)
+    if args.frozen_fixer:
+        # skipped only with --check (the measured case); compile checks on its first validation that it is exact
+        recipe.update(frozen_roles=["optimizer"], skip_frozen=args.check)
     overrides = parse_set(args.set)
     recipe.update(overrides)
     before = evaluate(program, task.testset, engine, metric=task.metric, adapters={}, max_tokens=args.max_tokens,
@@ -198,7 +210,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"({pair['only_after']} tasks passed only after, {pair['only_before']} only before)")
     print(f"artifact: {compiled.save(args.out)}")
     summary = {"program": args.program, "recipe": args.recipe, "overrides": overrides,
-               "choose_verdict": args.choose_verdict, "check": args.check, "backend": args.backend, **recipe,
+               "choose_verdict": args.choose_verdict, "check": args.check, "frozen_fixer": args.frozen_fixer,
+               "backend": args.backend, **recipe,
                "seed": args.seed, "n_test": args.n_test,
                "n_val": args.n_val, "before": before["accuracy"], "after": after["accuracy"], **pair, **roles,
                "best_step": compiled.manifest.best_step, "rollout_tokens": workflow_tokens(Path(args.run_dir)),
