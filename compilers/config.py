@@ -179,6 +179,10 @@ class MMGRPOConfig(BaseModel):
             raise ValueError("skip_frozen=True needs per-call credit (credit='own_output', 'verified' or "
                              "'verified-strict'): under 'inherit' every call trains on the whole program's reward, "
                              "which the skipped calls would change")
+        if self.skip_frozen and self.counterfactual_roles:
+            raise ValueError("skip_frozen=True with counterfactual_roles: a counterfactual rerun would run the whole "
+                             "program, frozen calls included, and score it against a stopped rollout; use one of "
+                             "the two")
         if len(set(self.frozen_roles)) != len(self.frozen_roles):
             raise ValueError(f"frozen_roles names a role twice: {self.frozen_roles}")
         return self

@@ -389,7 +389,9 @@ class MMGRPO:
                     credit(self.metric, g, metric_failure_score=cfg.metric_failure_score)
             if cfg.counterfactual_roles and examples:
                 cost = counterfactual_credit(student, examples, rollouts, engine, metric=self.metric,
-                                             roles=cfg.counterfactual_roles, adapters=role_adapters,
+                                             # "*": every trained role (a frozen role's credit trains nothing)
+                                             roles=trained if "*" in cfg.counterfactual_roles
+                                             else cfg.counterfactual_roles, adapters=role_adapters,
                                              sampling=sampling, failure_score=cfg.failure_score,
                                              metric_failure_score=cfg.metric_failure_score)
             if distributed.world > 1:  # every rank: the whole draw, in the order of indices

@@ -127,6 +127,8 @@ def test_skipping_is_refused_where_it_would_not_be_exact():
     ({"skip_frozen": True}, "frozen_roles is empty"),
     ({"skip_frozen": True, "frozen_roles": ["aggregator"], "credit": "inherit"}, "per-call credit"),
     ({"frozen_roles": ["voter", "voter"]}, "twice"),
+    ({"skip_frozen": True, "frozen_roles": ["aggregator"], "credit": "verified", "counterfactual_roles": ["voter"]},
+     "counterfactual"),
 ])
 def test_frozen_settings_that_cannot_work_are_refused_by_the_config(kw, match):
     with pytest.raises(ValidationError, match=match):
