@@ -23,6 +23,12 @@ and ``learning_rates``.
 Backends map roles to adapters (``backends.resolve_backend``): ``shared`` (one adapter for all roles), ``isolated``
 (one per role), a dict partition, or ``auto`` (``compilers.auto.plan``: traced before training, with reasons).
 
+Frozen roles (``frozen_roles``): roles that run on the base model and are never trained; the plan, the optimizers
+and the update know only the trained roles, a frozen role's groups are left out of the update and of dynamic
+sampling's signal, and the manifest lists it with adapter None. ``skip_frozen`` ends training rollouts at a frozen
+role's first call (``wfc.lower``, stopped rollouts), for frozen revisers after every trained call; the step-0
+validation checks that, and the config refuses it where credit would read the skipped calls.
+
 Guards (``compilers.guards``; each switchable in the config and logged): fan-out row weights, role-balanced loss in
 multi-role adapters, per-role gradient clipping and learning rates, an entropy floor (``entropy_floor``: a role whose
 sampled entropy in a step is below it gets an entropy bonus in that step's loss, logged per role as
