@@ -161,28 +161,33 @@ def main(argv: list[str] | None = None) -> dict:
                     help="the fixer runs on the base model and is never trained (frozen_roles=['optimizer']); with "
                          "--check its calls are also left out of training rollouts (skip_frozen: they would train "
                          "nothing), so the writer trains on the whole budget")
+    ap.add_argument("--fresh-fix", action="store_true",
+                    help="the fixer is not shown the code it replaces, only the task and the feedback "
+                         "(EvalOpt(show_previous=False)): a new attempt")
     ap.add_argument("--backend", default="shared", choices=("shared", "isolated", "auto"),
                     help="one adapter for every role (shared), one per role (isolated), or chosen by tracing (auto)")
     ap.add_argument("--resume", action="store_true",
                     help="continue a killed run from the checkpoint in --run-dir (same flags as that run)")
     args = ap.parse_args(argv)
     # different programs' runs never share a folder
-    label = args.program + ("-check" if args.check else "") + ("-frozen" if args.frozen_fixer else "")
+    label = (args.program + ("-check" if args.check else "") + ("-frozen" if args.frozen_fixer else "")
+             + ("-fresh" if args.fresh_fix else ""))
     args.run_dir = args.run_dir or f"runs/code-{label}"
     args.out = args.out or f"artifacts/code-{label}"
     t0 = time.time()
     task = get_task("codegen", n_train=args.n_train, n_val=args.n_val, n_test=args.n_test)
     engine = HFEngine(args.model)
     if args.program == "single":
-        if args.choose_verdict or args.check or args.frozen_fixer:
-            ap.error("--choose-verdict, --check and --frozen-fixer are EvalOpt options: Single has no reviewer or "
-                     "fixer")
+        if args.choose_verdict or args.check or args.frozen_fixer or args.fresh_fix:
+            ap.error("--choose-verdict, --check, --frozen-fixer and --fresh-fix are EvalOpt options: Single has no "
+                     "reviewer or fixer")
         program = Single(task.signature, name="code-single")
     elif args.check and args.choose_verdict:
         ap.error("--check replaces the reviewer, so it has no verdict to choose: pass one of the two")
     else:
         program = EvalOpt(task.signature, rounds=1, choose_verdict=args.choose_verdict,
-                          check=example_check if args.check else None, name="code-evalopt")
+                          check=example_check if args.check else None, show_previous=not args.fresh_fix,
+                          name="code-evalopt")
     recipe = {**get_recipe(args.recipe), "steps": args.steps, "max_tokens": args.max_tokens}
     for key in ("examples_per_step", "group_size", "eval_every"):
         if getattr(args, key) is not None:
@@ -211,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"artifact: {compiled.save(args.out)}")
     summary = {"program": args.program, "recipe": args.recipe, "overrides": overrides,
                "choose_verdict": args.choose_verdict, "check": args.check, "frozen_fixer": args.frozen_fixer,
-               "backend": args.backend, **recipe,
+               "fresh_fix": args.fresh_fix, "backend": args.backend, **recipe,
                "seed": args.seed, "n_test": args.n_test,
                "n_val": args.n_val, "before": before["accuracy"], "after": after["accuracy"], **pair, **roles,
                "best_step": compiled.manifest.best_step, "rollout_tokens": workflow_tokens(Path(args.run_dir)),

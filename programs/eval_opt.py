@@ -14,6 +14,11 @@ the word, not a reason.
 roles, ``generator`` and ``optimizer``, and the optimizer is told the check's feedback. A check costs no tokens, so
 at an equal token budget the optimizer's calls are all the program spends beyond the generator's. Make ``fn`` a
 module-level function: an artifact records it by name (anything else needs the pickle and ``trust_code=True``).
+
+``show_previous=False``: the optimizer is not shown the proposal it replaces, only the task and the feedback, and
+writes a new answer. Why: shown the wrong code, SmolLM2-135M's untrained fixer repeated it verbatim in 13 of its 16
+failed fixes (docs/results.md, stop 41); told only what the check found, it fixed 7 of the tasks one trained writer
+failed where the fixer shown the code fixed 3.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ class EvalOpt(Program):
     """Generate, evaluate, revise until accepted or out of rounds."""
 
     def __init__(self, signature, *, rounds: int = 2, predictor: type[dspy.Predict] = dspy.Predict,
-                 choose_verdict: bool = False, check: Callable | None = None, name: str | None = None):
+                 choose_verdict: bool = False, check: Callable | None = None, show_previous: bool = True,
+                 name: str | None = None):
         super().__init__(name=name)
         if not isinstance(rounds, int) or rounds < 0:
             raise ValueError(f"EvalOpt needs rounds >= 0, got {rounds!r}")
@@ -51,11 +57,14 @@ class EvalOpt(Program):
         self.rounds = rounds
         self.outputs = list(sig.output_fields)
         self.check = check
+        self.show_previous = bool(show_previous)
         self.generator = predictor(sig)
         if check is not None:
             self.optimizer = predictor(derive(
-                sig, outputs_as_inputs=True, prefix="previous_",
-                instructions=f"{sig.instructions.strip()}\nThe previous solution failed a check. Fix it.",
+                sig, outputs_as_inputs=show_previous, prefix="previous_",
+                instructions=f"{sig.instructions.strip()}\n" + (
+                    "The previous solution failed a check. Fix it." if show_previous
+                    else "An earlier solution failed this check. Write a new, correct solution."),
                 extra_inputs={"feedback": (str, "what the check found wrong")},
             ))
             return
@@ -69,8 +78,10 @@ class EvalOpt(Program):
         self.evaluator = predictor(derive(sig, outputs_as_inputs=True, instructions=ask,
                                           outputs={"verdict": verdict}))
         self.optimizer = predictor(derive(
-            sig, outputs_as_inputs=True, prefix="previous_",
-            instructions=f"{sig.instructions.strip()}\nA reviewer found a problem with the previous solution. Fix it.",
+            sig, outputs_as_inputs=show_previous, prefix="previous_",
+            instructions=f"{sig.instructions.strip()}\n" + (
+                "A reviewer found a problem with the previous solution. Fix it." if show_previous
+                else "A reviewer found a problem with an earlier solution. Write a new, correct solution."),
             extra_inputs={"feedback": (str, "what the reviewer found wrong")},
         ))
 
@@ -86,6 +97,8 @@ class EvalOpt(Program):
                 ok = accepted(feedback)
             if ok:
                 break
-            previous = {f"previous_{k}": v for k, v in proposal.items()}
+            # getattr: artifacts saved before show_previous= rebuild without it (and showed the proposal)
+            show = getattr(self, "show_previous", True)
+            previous = {f"previous_{k}": v for k, v in proposal.items()} if show else {}
             current = self.optimizer(**inputs, **previous, feedback=feedback)
         return current

@@ -197,18 +197,28 @@ def test_a_trained_writer_composes_with_the_example_check_and_a_base_fixer(scrip
 def test_the_checked_workflow_with_a_frozen_fixer_trains_the_writer_alone_on_its_budget(script, tiny_handle,
                                                                                         tmp_path, monkeypatch):
     """--check --frozen-fixer: the fixer has no adapter, training rollouts never call it (the tiny model's code
-    always fails the example, so every rollout would), and the held-out runs still do."""
+    always fails the example, so every rollout would), and the held-out runs still do; --fresh-fix travels in the
+    artifact (the loaded fixer is not shown the code it replaces)."""
     monkeypatch.chdir(tmp_path)
-    summary = script.main(["--model", "tiny", "--check", "--frozen-fixer", "--steps", "1", "--n-train", "4",
-                           "--n-val", "2", "--n-test", "3", "--examples-per-step", "1", "--group-size", "2",
-                           "--max-tokens", "8", "--eval-every", "0", "--set", "dynamic_sampling=false"])
-    run = tmp_path / "runs" / "code-evalopt-check-frozen"
-    assert summary["frozen_fixer"] is True and summary["frozen_roles"] == ["optimizer"] and summary["skip_frozen"]
+    summary = script.main(["--model", "tiny", "--check", "--frozen-fixer", "--fresh-fix", "--steps", "1",
+                           "--n-train", "4", "--n-val", "2", "--n-test", "3", "--examples-per-step", "1",
+                           "--group-size", "2", "--max-tokens", "8", "--eval-every", "0", "--set",
+                           "dynamic_sampling=false"])
+    run = tmp_path / "runs" / "code-evalopt-check-frozen-fresh"
+    assert summary["fresh_fix"] is True and summary["frozen_fixer"] is True
+    assert summary["frozen_roles"] == ["optimizer"] and summary["skip_frozen"]
     (step,) = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
     assert set(step["roles"]) == {"generator"} and step["drawing"]["completion_tokens"] == step["roles"][
         "generator"]["tokens"]
     assert summary["revised_after"] == 3  # held out: the whole program, fixer included
-    manifest = json.loads((tmp_path / "artifacts" / "code-evalopt-check-frozen" / "manifest.json").read_text())
+    art = tmp_path / "artifacts" / "code-evalopt-check-frozen-fresh"
+    manifest = json.loads((art / "manifest.json").read_text())
     assert manifest["roles"] == {"generator": "shared", "optimizer": None}
+    loaded = wfc.load(art, model="tiny")
+    try:
+        assert loaded.program.show_previous is False
+        assert list(loaded.program.optimizer.signature.input_fields) == ["prompt", "feedback"]
+    finally:
+        loaded.engine.close()
     with pytest.raises(SystemExit):
         script.main(["--program", "single", "--frozen-fixer"])

@@ -211,3 +211,34 @@ def test_topologies_keep_the_task_field_names(fake_engine):
 def test_bad_parameters_are_value_errors(make):
     with pytest.raises(ValueError):
         make()
+
+
+@pytest.mark.parametrize("check", [lambda inputs, proposal: (False, "it printed nothing"), None])
+def test_evalopt_without_the_previous_proposal_asks_for_a_new_answer_from_the_task_and_feedback(check, fake_engine):
+    """show_previous=False: the optimizer's inputs are the task's and the feedback, never the proposal it replaces
+    (with a check or a reviewer); the default shows it."""
+    engine = fake_engine(by_system={"An earlier solution failed": "5", "found a problem with an earlier": "5",
+                                    EVALUATOR: "incorrect: it printed nothing", "Solve": "41"})
+    program = EvalOpt(QA, rounds=1, check=check, show_previous=False)
+    assert list(program.optimizer.signature.input_fields) == ["question", "feedback"]
+    g = trace(program, EXAMPLE, engine)
+    (fix,) = g.calls_of("optimizer")
+    assert "it printed nothing" in fix.messages[-1]["content"] and "41" not in fix.messages[-1]["content"]
+    assert g.outputs == {"answer": "5"}
+    shown = EvalOpt(QA, rounds=1, check=check)
+    assert "previous_answer" in shown.optimizer.signature.input_fields
+
+
+def test_evalopt_without_the_previous_proposal_runs_on_the_tiny_model(tiny_engine):
+    from wfc.tasks.codegen import make_codegen
+    from wfc.tasks.visible import example_check
+
+    task = make_codegen(1, seed=1)[0]
+    g = trace(EvalOpt(CODE, rounds=1, check=example_check, show_previous=False), task, tiny_engine,
+              sampling=SamplingParams(temperature=0.0, max_tokens=8))
+    (written,), (fix,) = g.calls_of("generator"), g.calls_of("optimizer")  # tiny code never passes the example
+    assert fix.status == "ok" and "Previous code" not in fix.messages[-1]["content"]  # the field shown by default
+    assert example_check(task, written.outputs)[1] in fix.messages[-1]["content"]
+    shown = trace(EvalOpt(CODE, rounds=1, check=example_check), task, tiny_engine,
+                  sampling=SamplingParams(temperature=0.0, max_tokens=8))
+    assert "Previous code" in shown.calls_of("optimizer")[0].messages[-1]["content"]
