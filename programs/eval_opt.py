@@ -60,30 +60,25 @@ class EvalOpt(Program):
         self.check = check
         self.show_previous = bool(show_previous)
         self.generator = predictor(sig)
-        if check is not None:
-            self.optimizer = predictor(derive(
-                sig, outputs_as_inputs=show_previous, prefix="previous_",
-                instructions=f"{sig.instructions.strip()}\n" + (
-                    "The previous solution failed a check. Fix it." if show_previous
-                    else "An earlier solution failed this check. Write a new, correct solution."),
-                extra_inputs={"feedback": (str, "what the check found wrong")},
-            ))
-            return
-        if choose_verdict:
-            ask = "Check the proposed solution of the task: is it right?"
-            verdict = (Verdict, "verdict")
-        else:
-            ask = ("Check the proposed solution of the task. Reply 'correct' if it is right; otherwise reply "
-                     "'incorrect' and say briefly what is wrong.")
-            verdict = (str, "'correct', or 'incorrect' with the reason")
-        self.evaluator = predictor(derive(sig, outputs_as_inputs=True, instructions=ask,
-                                          outputs={"verdict": verdict}))
+        if check is None:
+            if choose_verdict:
+                ask = "Check the proposed solution of the task: is it right?"
+                verdict = (Verdict, "verdict")
+            else:
+                ask = ("Check the proposed solution of the task. Reply 'correct' if it is right; otherwise reply "
+                       "'incorrect' and say briefly what is wrong.")
+                verdict = (str, "'correct', or 'incorrect' with the reason")
+            self.evaluator = predictor(derive(sig, outputs_as_inputs=True, instructions=ask,
+                                              outputs={"verdict": verdict}))
+        # (shown the proposal, not shown it): what the optimizer is told, by who judged
+        told = ({True: "The previous solution failed a check. Fix it.",
+                 False: "An earlier solution failed this check. Write a new, correct solution."} if check is not None
+                else {True: "A reviewer found a problem with the previous solution. Fix it.",
+                      False: "A reviewer found a problem with an earlier solution. Write a new, correct solution."})
         self.optimizer = predictor(derive(
-            sig, outputs_as_inputs=show_previous, prefix="previous_",
-            instructions=f"{sig.instructions.strip()}\n" + (
-                "A reviewer found a problem with the previous solution. Fix it." if show_previous
-                else "A reviewer found a problem with an earlier solution. Write a new, correct solution."),
-            extra_inputs={"feedback": (str, "what the reviewer found wrong")},
+            sig, outputs_as_inputs=self.show_previous, prefix="previous_",
+            instructions=f"{sig.instructions.strip()}\n{told[self.show_previous]}",
+            extra_inputs={"feedback": (str, f"what the {'check' if check is not None else 'reviewer'} found wrong")},
         ))
 
     def forward(self, **inputs):

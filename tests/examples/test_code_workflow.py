@@ -88,8 +88,8 @@ def test_the_checked_workflow_runs_the_prompts_example_instead_of_a_reviewer(scr
                                                                              monkeypatch):
     monkeypatch.chdir(tmp_path)
     summary = script.main(["--model", "tiny", "--check", "--backend", "isolated", "--steps", "1", "--n-train", "4",
-                           "--n-val", "2", "--n-test", "3", "--examples-per-step", "1", "--group-size", "2", "--max-tokens", "8",
-                           "--eval-every", "0"])
+                           "--n-val", "2", "--n-test", "3", "--examples-per-step", "1", "--group-size", "2",
+                           "--max-tokens", "8", "--eval-every", "0"])
     assert summary["check"] is True and summary["reviewer_accept_before"] is None
     tasks = [json.loads(line) for line in (tmp_path / "runs" / "code-evalopt-check" / "tasks.jsonl").read_text()
              .splitlines()]  # per held-out task, for pairing runs
