@@ -3,7 +3,10 @@
 Each run folder holds ``tasks.jsonl`` (``examples/code_workflow.py`` writes it: one line per held-out task, in the
 task split's order, with its ``before`` and ``after`` score). Prints, as JSON, B's compiled program against A's
 (``after`` - ``after``) and their uncompiled programs (``before`` - ``before``), each the mean difference with its
-~95% interval and how many tasks only one of them solved; refuses runs of different task lists.
+~95% interval and how many tasks only one of them solved; refuses runs of different task lists. Runs that record
+each task's function (``function``; code_workflow.py writes it) also get ``after_b_minus_a_by_function``: the same
+difference with its interval clustered by function (``compilers.score.paired_difference(clusters=...)``), the honest
+one when a model passes or fails every task of a function together.
 """
 
 from __future__ import annotations
@@ -30,9 +33,18 @@ def paired_runs(run_a: Path, run_b: Path) -> dict:
     if [t["task"] for t in a] != [t["task"] for t in b]:
         raise SystemExit(f"{run_a} and {run_b} scored different held-out tasks ({len(a)} and {len(b)}): pair only "
                          "runs of the same split (--n-test)")
-    return {"a": str(run_a), "b": str(run_b), "n": len(a),
-            "after_b_minus_a": paired_difference([t["after"] for t in a], [t["after"] for t in b]),
-            "before_b_minus_a": paired_difference([t["before"] for t in a], [t["before"] for t in b])}
+    result = {"a": str(run_a), "b": str(run_b), "n": len(a),
+              "after_b_minus_a": paired_difference([t["after"] for t in a], [t["after"] for t in b]),
+              "before_b_minus_a": paired_difference([t["before"] for t in a], [t["before"] for t in b])}
+    functions = [t.get("function") for t in a]
+    if None not in functions:
+        if functions != [t.get("function") for t in b]:
+            raise SystemExit(f"{run_a} and {run_b} name different functions for the same tasks: pair only runs of "
+                             "the same split")
+        # tasks asking for one function pass or fail together: the interval counts functions, not tasks, as draws
+        result["after_b_minus_a_by_function"] = paired_difference([t["after"] for t in a], [t["after"] for t in b],
+                                                                  clusters=functions)
+    return result
 
 
 def main(argv: list[str] | None = None) -> dict:

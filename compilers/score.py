@@ -64,15 +64,34 @@ def mean_interval(values: list[float], *, z: float = 1.96) -> tuple[float, float
     return (mean - z * std / math.sqrt(n), mean + z * std / math.sqrt(n))
 
 
-def paired_difference(before: list[float], after: list[float], *, z: float = 1.96) -> dict:
+def paired_difference(before: list[float], after: list[float], *, z: float = 1.96,
+                      clusters: list | None = None) -> dict:
     """``after - before`` on the same items (two programs' scores per problem): the mean difference with its normal
-    ~95% interval, and how many items only one of them solved (score above the other's)."""
+    ~95% interval, and how many items only one of them solved (score above the other's).
+
+    ``clusters`` (one label per item, e.g. a generated task's function name): items of one cluster are not
+    independent (a model that cannot write ``clamp`` fails every ``clamp`` task), so the interval treats clusters,
+    not items, as the draws: the variance of the mean is ``G / (G - 1) * sum_g (S_g - n_g * mean)^2 / n^2`` (``S_g``
+    the sum of cluster g's differences, ``n_g`` its size, ``G`` clusters; the cluster-robust sandwich of a mean with
+    the small-sample factor). The result then also has ``clusters`` (G). Treating clustered items as independent
+    gives an interval too narrow whenever wins and losses come by cluster."""
     if len(before) != len(after) or not before:
         raise ValueError(f"paired scores need two equal, non-empty lists; got {len(before)} and {len(after)}")
     diffs = [b - a for a, b in zip(before, after)]
     n = len(diffs)
     mean = math.fsum(diffs) / n
-    var = math.fsum((d - mean) ** 2 for d in diffs) / max(n - 1, 1)
-    half = z * math.sqrt(var / n)
-    return {"difference": mean, "interval": [mean - half, mean + half], "only_after": sum(d > 0 for d in diffs),
-            "only_before": sum(d < 0 for d in diffs)}
+    result = {"difference": mean, "only_after": sum(d > 0 for d in diffs), "only_before": sum(d < 0 for d in diffs)}
+    if clusters is None:
+        var = math.fsum((d - mean) ** 2 for d in diffs) / max(n - 1, 1) / n
+    else:
+        if len(clusters) != n:
+            raise ValueError(f"clusters needs one label per item: {len(clusters)} labels for {n} items")
+        sums: dict = {}
+        for label, d in zip(clusters, diffs):
+            total, size = sums.get(label, (0.0, 0))
+            sums[label] = (total + d, size + 1)
+        g = len(sums)
+        var = (g / max(g - 1, 1)) * math.fsum((total - size * mean) ** 2 for total, size in sums.values()) / n ** 2
+        result["clusters"] = g
+    half = z * math.sqrt(var)
+    return {**result, "interval": [mean - half, mean + half]}

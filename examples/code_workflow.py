@@ -208,24 +208,30 @@ def main(argv: list[str] | None = None) -> dict:
                      max_tokens=args.max_tokens, progress="after")
     pair = paired_difference([float(g.reward) for g in before["graphs"]], [float(g.reward) for g in after["graphs"]])
     lo, hi = pair["interval"]
+    by_function = paired_difference([float(g.reward) for g in before["graphs"]],
+                                    [float(g.reward) for g in after["graphs"]],
+                                    clusters=[ex.entry_point for ex in task.testset])
     if args.program == "evalopt":
         roles.update(roles_report(after["graphs"], task.metric, "after"))
     print(f"pass@1 after:  {after['accuracy']:.3f} on {after['n']} tasks (best step {compiled.manifest.best_step})"
           f"{_roles_line(roles, 'after')}; paired difference {pair['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}] "
-          f"({pair['only_after']} tasks passed only after, {pair['only_before']} only before)")
+          f"({pair['only_after']} tasks passed only after, {pair['only_before']} only before); by function "
+          f"[{by_function['interval'][0]:+.3f}, {by_function['interval'][1]:+.3f}] ({by_function['clusters']} functions)")
     print(f"artifact: {compiled.save(args.out)}")
     summary = {"program": args.program, "recipe": args.recipe, "overrides": overrides,
                "choose_verdict": args.choose_verdict, "check": args.check, "frozen_fixer": args.frozen_fixer,
                "fresh_fix": args.fresh_fix, "backend": args.backend, **recipe,
                "seed": args.seed, "n_test": args.n_test,
                "n_val": args.n_val, "before": before["accuracy"], "after": after["accuracy"], **pair, **roles,
+               "interval_by_function": by_function["interval"], "functions": by_function["clusters"],
                "best_step": compiled.manifest.best_step, "rollout_tokens": workflow_tokens(Path(args.run_dir)),
                "seconds": round(time.time() - t0, 1)}
     (Path(args.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     # per held-out task, in testset order: what pairs two runs' results (benchmarks/paired_runs.py)
+    # (the function asked for: tasks of one function pass or fail together, so paired_runs.py clusters by it)
     (Path(args.run_dir) / "tasks.jsonl").write_text("".join(
-        json.dumps({"task": i, "before": float(b.reward), "after": float(a.reward)}) + "\n"
-        for i, (b, a) in enumerate(zip(before["graphs"], after["graphs"]))))
+        json.dumps({"task": i, "function": ex.entry_point, "before": float(b.reward), "after": float(a.reward)})
+        + "\n" for i, (ex, b, a) in enumerate(zip(task.testset, before["graphs"], after["graphs"]))))
     return summary
 
 

@@ -94,6 +94,7 @@ def test_the_checked_workflow_runs_the_prompts_example_instead_of_a_reviewer(scr
     tasks = [json.loads(line) for line in (tmp_path / "runs" / "code-evalopt-check" / "tasks.jsonl").read_text()
              .splitlines()]  # per held-out task, for pairing runs
     assert [t["task"] for t in tasks] == [0, 1, 2]
+    assert all(t["function"] for t in tasks) and summary["functions"] == len({t["function"] for t in tasks})
     assert sum(t["after"] for t in tasks) / 3 == pytest.approx(summary["after"])
     # the tiny model's code never passes the shown example, so every held-out task went to the fixer
     assert summary["revised_before"] == summary["revised_after"] == 3
