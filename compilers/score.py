@@ -74,7 +74,8 @@ def paired_difference(before: list[float], after: list[float], *, z: float = 1.9
     not items, as the draws: the variance of the mean is ``G / (G - 1) * sum_g (S_g - n_g * mean)^2 / n^2`` (``S_g``
     the sum of cluster g's differences, ``n_g`` its size, ``G`` clusters; the cluster-robust sandwich of a mean with
     the small-sample factor). The result then also has ``clusters`` (G). Treating clustered items as independent
-    gives an interval too narrow whenever wins and losses come by cluster."""
+    gives an interval too narrow whenever wins and losses come by cluster. One cluster gives ``(-inf, inf)``: there
+    is no spread between clusters to estimate it from."""
     if len(before) != len(after) or not before:
         raise ValueError(f"paired scores need two equal, non-empty lists; got {len(before)} and {len(after)}")
     diffs = [b - a for a, b in zip(before, after)]
@@ -91,7 +92,8 @@ def paired_difference(before: list[float], after: list[float], *, z: float = 1.9
             total, size = sums.get(label, (0.0, 0))
             sums[label] = (total + d, size + 1)
         g = len(sums)
-        var = (g / max(g - 1, 1)) * math.fsum((total - size * mean) ** 2 for total, size in sums.values()) / n ** 2
+        var = (g / (g - 1)) * math.fsum((total - size * mean) ** 2 for total, size in sums.values()) / n ** 2 \
+            if g > 1 else math.inf
         result["clusters"] = g
     half = z * math.sqrt(var)
     return {**result, "interval": [mean - half, mean + half]}

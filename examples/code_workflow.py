@@ -206,11 +206,10 @@ def main(argv: list[str] | None = None) -> dict:
         resume=args.run_dir if args.resume else None)
     after = evaluate(compiled.program, task.testset, engine, metric=task.metric, adapters=compiled.roles,
                      max_tokens=args.max_tokens, progress="after")
-    pair = paired_difference([float(g.reward) for g in before["graphs"]], [float(g.reward) for g in after["graphs"]])
+    scores = {when: [float(g.reward) for g in run["graphs"]] for when, run in (("before", before), ("after", after))}
+    pair = paired_difference(scores["before"], scores["after"])
     lo, hi = pair["interval"]
-    by_function = paired_difference([float(g.reward) for g in before["graphs"]],
-                                    [float(g.reward) for g in after["graphs"]],
-                                    clusters=[ex.entry_point for ex in task.testset])
+    by_function = paired_difference(scores["before"], scores["after"], clusters=[ex.entry_point for ex in task.testset])
     if args.program == "evalopt":
         roles.update(roles_report(after["graphs"], task.metric, "after"))
     print(f"pass@1 after:  {after['accuracy']:.3f} on {after['n']} tasks (best step {compiled.manifest.best_step})"
@@ -230,8 +229,8 @@ def main(argv: list[str] | None = None) -> dict:
     # per held-out task, in testset order: what pairs two runs' results (benchmarks/paired_runs.py)
     # (the function asked for: tasks of one function pass or fail together, so paired_runs.py clusters by it)
     (Path(args.run_dir) / "tasks.jsonl").write_text("".join(
-        json.dumps({"task": i, "function": ex.entry_point, "before": float(b.reward), "after": float(a.reward)})
-        + "\n" for i, (ex, b, a) in enumerate(zip(task.testset, before["graphs"], after["graphs"]))))
+        json.dumps({"task": i, "function": ex.entry_point, "before": b, "after": a}) + "\n"
+        for i, (ex, b, a) in enumerate(zip(task.testset, scores["before"], scores["after"]))))
     return summary
 
 

@@ -1,5 +1,7 @@
 """Scoring helpers: the confidence interval reported with every evaluation."""
 
+import math
+
 import pytest
 
 from compilers.score import mean_interval
@@ -47,5 +49,7 @@ def test_paired_difference_by_cluster_by_hand():
     # every item its own cluster: the items-independent interval exactly
     alone = paired_difference(before, after, clusters=list(range(6)))
     assert alone["interval"] == pytest.approx(paired_difference(before, after)["interval"])
+    # one cluster: nothing to estimate the spread between clusters from
+    assert paired_difference(before, after, clusters=["a"] * 6)["interval"] == [-math.inf, math.inf]
     with pytest.raises(ValueError, match="one label per item"):
         paired_difference(before, after, clusters=["a"])
