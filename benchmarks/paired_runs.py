@@ -33,8 +33,8 @@ def paired_runs(run_a: Path, run_b: Path) -> dict:
     if [t["task"] for t in a] != [t["task"] for t in b]:
         raise SystemExit(f"{run_a} and {run_b} scored different held-out tasks ({len(a)} and {len(b)}): pair only "
                          "runs of the same split (--n-test)")
-    result = {"a": str(run_a), "b": str(run_b), "n": len(a),
-              "after_b_minus_a": paired_difference([t["after"] for t in a], [t["after"] for t in b]),
+    after_a, after_b = [t["after"] for t in a], [t["after"] for t in b]
+    result = {"a": str(run_a), "b": str(run_b), "n": len(a), "after_b_minus_a": paired_difference(after_a, after_b),
               "before_b_minus_a": paired_difference([t["before"] for t in a], [t["before"] for t in b])}
     functions = [t.get("function") for t in a]
     if None not in functions:
@@ -42,8 +42,7 @@ def paired_runs(run_a: Path, run_b: Path) -> dict:
             raise SystemExit(f"{run_a} and {run_b} name different functions for the same tasks: pair only runs of "
                              "the same split")
         # tasks asking for one function pass or fail together: the interval counts functions, not tasks, as draws
-        result["after_b_minus_a_by_function"] = paired_difference([t["after"] for t in a], [t["after"] for t in b],
-                                                                  clusters=functions)
+        result["after_b_minus_a_by_function"] = paired_difference(after_a, after_b, clusters=functions)
     return result
 
 
