@@ -93,6 +93,15 @@ class MMGRPOConfig(BaseModel):
     labeled_demos: bool = Field(
         False, description="roles that answer the task from its own inputs take gold-labeled demos (LabeledFewShot; "
                            "compilers.prompts) instead of bootstrapped ones")
+    retrieved_demos: int = Field(
+        0, ge=0, description="per run, each labeled role (one answering the task from its own inputs) is shown this "
+                             "many gold-labeled training examples nearest to the task (TF-IDF; wfc.retrieve; "
+                             "compilers.prompts.retrieval_pools), after any static demos; 0: off. The pools travel "
+                             "in the artifact")
+    demo_labels: dict[str, str] = Field(
+        default_factory=dict, description="role output field -> the training examples' field holding its gold value, "
+                                          "for retrieved demos where the two are named differently, e.g. "
+                                          "{'code': 'solution'}")
     rollout_workers: int = Field(
         256, ge=1, description="training rollouts in flight at once (threads). Every training call samples with "
                                "a seed of its own (seed, step, example, rollout, role, fan-out branch), so a seeded "

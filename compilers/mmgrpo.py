@@ -81,7 +81,7 @@ from compilers.runlog import RunLog
 from compilers.counterfactual import counterfactual_credit
 from compilers.credit import get_credit
 from compilers.distributed import Distributed, SingleProcess, from_env
-from compilers.prompts import apply_demos, bootstrap_demos
+from compilers.prompts import apply_demos, bootstrap_demos, retrieval_pools
 from compilers.sampling import PromptSampler, signal_examples
 from compilers.schedule import lr_multiplier
 from compilers.score import mean_interval, score_rollout
@@ -91,6 +91,7 @@ from wfc.artifact import CompiledProgram, Manifest, package_versions
 from wfc.engines.base import SamplingParams
 from wfc.policy import Policy, resolve_device
 from wfc.lower import copy_program, derive_seed, roles, run_rollouts
+from wfc.retrieve import install as install_retrievers
 from wfc.rollout import RolloutGraph
 
 
@@ -326,6 +327,19 @@ class MMGRPO:
                 print(f"bootstrapped demos per role: {counts} ({time.time() - t0:.0f}s)")
             if cfg.strategy == "p":
                 steps = 0
+        if cfg.retrieved_demos:
+            # rebuilt on a resume too: the pools are a pure function of the trainset and the metric (no tokens)
+            t0 = time.time()
+            pools = retrieval_pools(student, trainset, metric=self.metric, k=cfg.retrieved_demos,
+                                    labels=cfg.demo_labels, metric_failure_score=cfg.metric_failure_score)
+            install_retrievers(student, pools)
+            if resumed is None:
+                log.append({"kind": "retrieval", "k": cfg.retrieved_demos,
+                            "pools": {role: len(r.pool) for role, r in pools.items()},
+                            "seconds": round(time.time() - t0, 2)})
+            if progress:
+                print(f"retrieved demos: {cfg.retrieved_demos} per run from pools "
+                      f"{ {role: len(r.pool) for role, r in pools.items()} } ({time.time() - t0:.0f}s)")
         revisions = st.revisions
         eval_tokens = cfg.eval_max_tokens or cfg.max_tokens
         sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens)

@@ -38,6 +38,7 @@ from compilers.credit import FULL_MARKS
 from compilers.score import call_metric, score_rollout
 from wfc.engines.base import SamplingParams
 from wfc.lower import roles, run_rollouts
+from wfc.retrieve import DemoRetriever
 
 
 def bootstrap_demos(program: dspy.Module, trainset: Sequence[dspy.Example], engine, *, metric: Callable,
@@ -81,6 +82,45 @@ def labeled_roles(program: dspy.Module, example: dspy.Example) -> list[str]:
     labels = set(example.labels().keys())
     return [role for role, p in roles(program).items()
             if set(p.signature.input_fields) <= inputs and set(p.signature.output_fields) <= labels]
+
+
+def retrieval_pools(program: dspy.Module, trainset: Sequence[dspy.Example], *, metric: Callable, k: int,
+                    labels: Mapping[str, str] | None = None,
+                    metric_failure_score: float | None = 0.0) -> dict[str, DemoRetriever]:
+    """Role path -> a :class:`wfc.retrieve.DemoRetriever` showing ``k`` nearest gold-labeled training examples per
+    run, for every role whose input fields are inputs of the training examples and whose output fields are labels
+    of them (``labels`` renames an output field to the example field holding its gold value). The pool is the
+    trainset's examples whose gold answer has full marks under the metric, in trainset order. Raises ``ValueError``
+    when no role qualifies or no gold answer passes (retrieval would show nothing), saying what to set."""
+    labels = dict(labels or {})
+    if not trainset:
+        return {}
+    first = trainset[0]
+    inputs, fields = set(first.inputs().keys()), set(first.keys())
+    by_path = roles(program)
+    eligible = [role for role, p in by_path.items()
+                if set(p.signature.input_fields) <= inputs
+                and all(labels.get(f, f) in fields - inputs for f in p.signature.output_fields)]
+    if not eligible:
+        shown = {role: (list(p.signature.input_fields), list(p.signature.output_fields)) for role, p in by_path.items()}
+        raise ValueError(f"retrieved_demos: no role answers the task from its own inputs with a gold label to show "
+                         f"(roles' inputs, outputs: {shown}; the examples' inputs {sorted(inputs)}, labels "
+                         f"{sorted(fields - inputs)}): name the example field holding a role output's gold value in "
+                         "demo_labels, e.g. demo_labels={'code': 'solution'}")
+    out: dict[str, DemoRetriever] = {}
+    for role in eligible:
+        sig = by_path[role].signature
+        pool = []
+        for ex in trainset:
+            gold = {f: ex[labels.get(f, f)] for f in sig.output_fields}
+            if call_metric(metric, dict(ex.items()), gold, metric_failure_score=metric_failure_score) >= FULL_MARKS:
+                pool.append({**{f: ex[f] for f in sig.input_fields}, **gold})
+        if not pool:
+            raise ValueError(f"retrieved_demos: no training example's gold answer for role {role!r} passes the metric "
+                             "(its outputs read from the fields "
+                             f"{[labels.get(f, f) for f in sig.output_fields]}): check demo_labels and the metric")
+        out[role] = DemoRetriever(k=k, query=list(sig.input_fields), inputs=list(sig.input_fields), pool=pool)
+    return out
 
 
 def labeled_demos(program: dspy.Module, pool: Sequence[dspy.Example], *, metric: Callable, k: int,

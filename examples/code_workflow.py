@@ -24,6 +24,12 @@ step's peak 12.7 -> 9.0 GB, its update 37% slower). The script is the template f
     python examples/code_workflow.py --check --frozen-fixer       # ... the fixer on the base model, never trained,
                                                                   # left out of training rollouts: the writer trains
                                                                   # on the whole budget
+    python examples/code_workflow.py --program single --retrieved-demos 1   # each run's writer is shown the gold
+                                                                  # solution of the nearest training task (wfc.retrieve)
+
+Held-out tasks whose gold solution is also a training task's (the functions without parameters, and repeated
+parameters) are scored apart in ``summary.json`` (``unseen``: accuracy on the rest), since a retrieved demo of such
+a task holds its answer.
 
 Each run writes ``summary.json`` and ``tasks.jsonl`` (per held-out task, before and after) to its run folder;
 ``benchmarks/paired_runs.py A B`` pairs two runs task by task, and ``benchmarks/compose_check.py ARTIFACT`` measures
@@ -130,6 +136,10 @@ def _roles_line(report: dict, when: str) -> str:
             f"fixed {report[f'fixed_{when}']}, broke {report[f'broken_{when}']})")
 
 
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -164,14 +174,19 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--fresh-fix", action="store_true",
                     help="the fixer is not shown the code it replaces, only the task and the feedback "
                          "(EvalOpt(show_previous=False)): a new attempt")
+    ap.add_argument("--retrieved-demos", type=int, default=0, metavar="K",
+                    help="show the writer, per run, the K training tasks nearest to its task with their gold "
+                         "solutions (retrieved_demos=K, demo_labels={'code': 'solution'}); 0: off")
     ap.add_argument("--backend", default="shared", choices=("shared", "isolated", "auto"),
                     help="one adapter for every role (shared), one per role (isolated), or chosen by tracing (auto)")
     ap.add_argument("--resume", action="store_true",
                     help="continue a killed run from the checkpoint in --run-dir (same flags as that run)")
     args = ap.parse_args(argv)
     # different programs' runs never share a folder
+    if args.retrieved_demos < 0:
+        ap.error(f"--retrieved-demos must be >= 0, got {args.retrieved_demos}")
     label = (args.program + ("-check" if args.check else "") + ("-frozen" if args.frozen_fixer else "")
-             + ("-fresh" if args.fresh_fix else ""))
+             + ("-fresh" if args.fresh_fix else "") + (f"-rag{args.retrieved_demos}" if args.retrieved_demos else ""))
     args.run_dir = args.run_dir or f"runs/code-{label}"
     args.out = args.out or f"artifacts/code-{label}"
     t0 = time.time()
@@ -195,6 +210,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.frozen_fixer:
         # skipped only with --check (the measured case); compile checks on its first validation that it is exact
         recipe.update(frozen_roles=["optimizer"], skip_frozen=args.check)
+    if args.retrieved_demos:
+        recipe.update(retrieved_demos=args.retrieved_demos, demo_labels={"code": "solution"})
     overrides = parse_set(args.set)
     recipe.update(overrides)
     before = evaluate(program, task.testset, engine, metric=task.metric, adapters={}, max_tokens=args.max_tokens,
@@ -212,10 +229,16 @@ def main(argv: list[str] | None = None) -> dict:
     by_function = paired_difference(scores["before"], scores["after"], clusters=[ex.entry_point for ex in task.testset])
     if args.program == "evalopt":
         roles.update(roles_report(after["graphs"], task.metric, "after"))
+    trained_on = {ex.solution for ex in task.trainset}
+    unseen = [i for i, ex in enumerate(task.testset) if ex.solution not in trained_on]
+    unseen_scores = {when: [scores[when][i] for i in unseen] for when in scores}
     print(f"pass@1 after:  {after['accuracy']:.3f} on {after['n']} tasks (best step {compiled.manifest.best_step})"
           f"{_roles_line(roles, 'after')}; paired difference {pair['difference']:+.3f} [{lo:+.3f}, {hi:+.3f}] "
           f"({pair['only_after']} tasks passed only after, {pair['only_before']} only before); by function "
           f"[{by_function['interval'][0]:+.3f}, {by_function['interval'][1]:+.3f}] ({by_function['clusters']} functions)")
+    if unseen:
+        print(f"on the {len(unseen)} tasks whose solution no training task has: "
+              f"{_mean(unseen_scores['before']):.3f} -> {_mean(unseen_scores['after']):.3f}")
     print(f"artifact: {compiled.save(args.out)}")
     summary = {"program": args.program, "recipe": args.recipe, "overrides": overrides,
                "choose_verdict": args.choose_verdict, "check": args.check, "frozen_fixer": args.frozen_fixer,
@@ -223,13 +246,16 @@ def main(argv: list[str] | None = None) -> dict:
                "seed": args.seed, "n_test": args.n_test,
                "n_val": args.n_val, "before": before["accuracy"], "after": after["accuracy"], **pair, **roles,
                "interval_by_function": by_function["interval"], "functions": by_function["clusters"],
+               "unseen": {"n": len(unseen), "before": _mean(unseen_scores["before"]),
+                          "after": _mean(unseen_scores["after"])},
                "best_step": compiled.manifest.best_step, "rollout_tokens": workflow_tokens(Path(args.run_dir)),
                "seconds": round(time.time() - t0, 1)}
     (Path(args.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     # per held-out task, in testset order: what pairs two runs' results (benchmarks/paired_runs.py)
     # (the function asked for: tasks of one function pass or fail together, so paired_runs.py clusters by it)
     (Path(args.run_dir) / "tasks.jsonl").write_text("".join(
-        json.dumps({"task": i, "function": ex.entry_point, "before": b, "after": a}) + "\n"
+        json.dumps({"task": i, "function": ex.entry_point, "seen_solution": ex.solution in trained_on,
+                    "before": b, "after": a}) + "\n"
         for i, (ex, b, a) in enumerate(zip(task.testset, scores["before"], scores["after"]))))
     return summary
 

@@ -5,6 +5,7 @@ Layout of an artifact directory::
     manifest.json              Manifest (format version, base model id + checksum, roles -> adapters, config, the
                                program's source reference, sha256 of every other file, ...)
     program/state.json         the program's DSPy state (``dump_state``: instructions, demos per predictor)
+    program/retrieval.json     the roles' retrieved-demo pools (``wfc.retrieve``), when compile gave them any
     program/structure.json     the program's object tree as data (``wfc.source``): rebuilt without pickle
     program/source/<stem>.py   the program's code when it lives outside installed packages (a script's slice, a
                                sibling module); absent for classes of installed packages (``programs.voting``)
@@ -42,6 +43,7 @@ from typing import Any
 import dspy
 from pydantic import BaseModel, Field
 
+from wfc import retrieve
 from wfc.adapter import CompactChatAdapter
 from wfc.engines.base import SamplingParams
 from wfc.source import ProgramSource, RestoreError, capture, rebuild
@@ -227,7 +229,9 @@ class CompiledProgram(dspy.Module):
         if any(getattr(p, "lm", None) is not None for _, p in self.program.named_predictors()):
             return self.program(**inputs)  # bound by an enclosing program's tracer: its handles route the calls
         with dspy.context(adapter=CompactChatAdapter()):
-            return self.bound()(**inputs)
+            program = self.bound()
+            retrieve.select_demos(program, inputs)  # on the fresh copy: the held program never changes
+            return program(**inputs)
 
     def trace(self, example):
         from wfc.lower import trace
@@ -248,6 +252,9 @@ class CompiledProgram(dspy.Module):
         with _atomic_dir(target) as tmp:
             _write_pickle(self.program, tmp / "program", found.local_modules)
             (tmp / "program" / "state.json").write_text(json.dumps(self.program.dump_state(), default=str, indent=1))
+            pools = retrieve.dump(self.program)
+            if pools is not None:
+                (tmp / "program" / retrieve.FILE).write_text(json.dumps(pools, default=str, indent=1))
             if found.structure is not None:
                 (tmp / "program" / "structure.json").write_text(json.dumps(found.structure, indent=1))
             for rel, text in found.files.items():
@@ -350,6 +357,14 @@ def _restore_program(path: Path, manifest: Manifest, *, trust_code: bool,
     except (KeyError, ValueError, TypeError) as exc:
         raise ArtifactError(f"{path}: program/state.json does not fit the restored program ({type(exc).__name__}: "
                             f"{exc}); its roles are {sorted(manifest.roles)}") from exc
+    pools = path / "program" / retrieve.FILE
+    if pools.exists():
+        try:
+            retrieve.load_into(program, json.loads(pools.read_text()))
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ArtifactError(f"{path}: program/{retrieve.FILE} does not fit the restored program "
+                                f"({type(exc).__name__}: {str(exc)[:300]}); its roles are {sorted(manifest.roles)}: "
+                                "re-save the artifact from the compile run") from exc
     return program
 
 

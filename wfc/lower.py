@@ -43,6 +43,7 @@ from dspy.utils.exceptions import AdapterParseError
 
 from wfc.adapter import CompactChatAdapter
 from wfc.engines.base import Engine, GenerationRequest, SamplingParams
+from wfc.retrieve import select_demos
 from wfc.rollout import CallNode, RolloutGraph
 
 RoleAdapters = Mapping[str, str | None]
@@ -255,6 +256,7 @@ def trace(program: dspy.Module, example: dspy.Example | Mapping[str, Any], engin
     recorder = _Recorder(seed)
     prog = bind(copy_program(program), engine, adapters=adapters, sampling=sampling, recorder=recorder,
                 stop_roles=stop_roles)
+    select_demos(prog, inputs)  # this run's copy: the retrieved demos of its own task (wfc.retrieve)
     status, error, outputs, stopped_at = "ok", None, None, None
     dspy_trace: list = []
     root = _BRANCH.set(())  # a rollout's places start at the root, whichever fan-out runs the rollout itself

@@ -187,6 +187,8 @@ class _Encoder:
             for k, v in vars(x).items():
                 if k == "history":
                     continue  # runtime call history
+                if k == "wfc_retriever":
+                    continue  # a role's retrieved-demo pool: program/retrieval.json holds it (wfc.retrieve)
                 attrs[k] = None if k == "lm" else self.value(v, f"{where}.{k}")  # wfc binds LM handles per run
             return {"$": "module", "id": n, "class": self.ref(type(x)), "attrs": attrs}
         if isinstance(x, dspy.Example):

@@ -223,3 +223,30 @@ def test_the_checked_workflow_with_a_frozen_fixer_trains_the_writer_alone_on_its
         loaded.engine.close()
     with pytest.raises(SystemExit):
         script.main(["--program", "single", "--frozen-fixer"])
+
+
+def test_retrieved_demos_show_the_writer_gold_solutions_and_unseen_tasks_are_scored_apart(script, tiny_handle,
+                                                                                           tmp_path, monkeypatch):
+    """--retrieved-demos K: compile gets retrieved_demos=K with the gold solutions as the writer's demo labels, the
+    artifact keeps the pool, and the held-out tasks whose solution no training task has are scored apart."""
+    from wfc.tasks import get_task
+
+    monkeypatch.chdir(tmp_path)
+    summary = script.main(["--model", "tiny", "--program", "single", "--retrieved-demos", "1", "--steps", "1",
+                           "--n-train", "6", "--n-val", "2", "--n-test", "4", "--examples-per-step", "1",
+                           "--group-size", "2", "--max-tokens", "8", "--eval-every", "0", "--set",
+                           "dynamic_sampling=false", "--out", str(tmp_path / "art")])
+    assert summary["retrieved_demos"] == 1 and summary["demo_labels"] == {"code": "solution"}
+    task = get_task("codegen", n_train=6, n_val=2, n_test=4)
+    seen = [ex.solution in {t.solution for t in task.trainset} for ex in task.testset]
+    tasks = [json.loads(line) for line in (tmp_path / "runs" / "code-single-rag1" / "tasks.jsonl").read_text()
+             .splitlines()]
+    assert [t["seen_solution"] for t in tasks] == seen
+    assert summary["unseen"]["n"] == seen.count(False)
+    if seen.count(False):
+        assert summary["unseen"]["after"] == pytest.approx(
+            sum(t["after"] for t in tasks if not t["seen_solution"]) / seen.count(False))
+    pool = json.loads((tmp_path / "art" / "program" / "retrieval.json").read_text())
+    assert [d["code"] for d in pool["solver"]["pool"]] == [ex.solution for ex in task.trainset]
+    with pytest.raises(SystemExit):
+        script.main(["--retrieved-demos", "-1"])
