@@ -17,6 +17,10 @@ Two DSPy rules, in this order, keyed by role path (two roles built from one Sign
    run (its input values and its parsed outputs, as the model wrote them) as its demo; of an example's passing calls
    of a role, the shortest one that ended on its own (not cut at ``max_tokens``).
 
+A third kind, per run rather than per role: :func:`retrieval_pools` builds, for every labeled role, a pool of
+gold-labeled training examples from which each run is shown the nearest to its own task (``retrieved_demos=K``;
+selection, persistence and invariants in :mod:`wfc.retrieve`).
+
 It is done on wfc's engine rather than by calling ``dspy.BootstrapFewShot`` because that optimizer runs examples one
 by one, while rollouts here are generated in batches (32 examples x 2 runs in about the time of two calls).
 
