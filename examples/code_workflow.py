@@ -182,9 +182,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--resume", action="store_true",
                     help="continue a killed run from the checkpoint in --run-dir (same flags as that run)")
     args = ap.parse_args(argv)
-    # different programs' runs never share a folder
     if args.retrieved_demos < 0:
         ap.error(f"--retrieved-demos must be >= 0, got {args.retrieved_demos}")
+    # different programs' runs never share a folder
     label = (args.program + ("-check" if args.check else "") + ("-frozen" if args.frozen_fixer else "")
              + ("-fresh" if args.fresh_fix else "") + (f"-rag{args.retrieved_demos}" if args.retrieved_demos else ""))
     args.run_dir = args.run_dir or f"runs/code-{label}"
