@@ -80,12 +80,15 @@ def bootstrap_demos(program: dspy.Module, trainset: Sequence[dspy.Example], engi
     return demos
 
 
-def labeled_roles(program: dspy.Module, example: dspy.Example) -> list[str]:
-    """Roles whose inputs are all inputs of ``example`` and whose outputs are all its labels (rule 1)."""
+def labeled_roles(program: dspy.Module, example: dspy.Example, renames: Mapping[str, str] | None = None) -> list[str]:
+    """Roles whose inputs are all inputs of ``example`` and whose outputs are all its labels (rule 1); ``renames``
+    maps an output field to the label holding its gold value when the names differ."""
+    renames = renames or {}
     inputs = set(example.inputs().keys())
     labels = set(example.labels().keys())
     return [role for role, p in roles(program).items()
-            if set(p.signature.input_fields) <= inputs and set(p.signature.output_fields) <= labels]
+            if set(p.signature.input_fields) <= inputs
+            and {renames.get(f, f) for f in p.signature.output_fields} <= labels]
 
 
 def retrieval_pools(program: dspy.Module, trainset: Sequence[dspy.Example], *, metric: Callable, k: int,
@@ -100,17 +103,14 @@ def retrieval_pools(program: dspy.Module, trainset: Sequence[dspy.Example], *, m
     if not trainset:
         return {}
     first = trainset[0]
-    inputs, fields = set(first.inputs().keys()), set(first.keys())
     by_path = roles(program)
-    eligible = [role for role, p in by_path.items()
-                if set(p.signature.input_fields) <= inputs
-                and all(labels.get(f, f) in fields - inputs for f in p.signature.output_fields)]
+    eligible = labeled_roles(program, first, labels)
     if not eligible:
         shown = {role: (list(p.signature.input_fields), list(p.signature.output_fields)) for role, p in by_path.items()}
         raise ValueError(f"retrieved_demos: no role answers the task from its own inputs with a gold label to show "
-                         f"(roles' inputs, outputs: {shown}; the examples' inputs {sorted(inputs)}, labels "
-                         f"{sorted(fields - inputs)}): name the example field holding a role output's gold value in "
-                         "demo_labels, e.g. demo_labels={'code': 'solution'}")
+                         f"(roles' inputs, outputs: {shown}; the examples' inputs {sorted(first.inputs().keys())}, "
+                         f"labels {sorted(first.labels().keys())}): name the example field holding a role "
+                         "output's gold value in demo_labels, e.g. demo_labels={'code': 'solution'}")
     out: dict[str, DemoRetriever] = {}
     for role in eligible:
         sig = by_path[role].signature
@@ -123,7 +123,7 @@ def retrieval_pools(program: dspy.Module, trainset: Sequence[dspy.Example], *, m
             raise ValueError(f"retrieved_demos: no training example's gold answer for role {role!r} passes the metric "
                              "(its outputs read from the fields "
                              f"{[labels.get(f, f) for f in sig.output_fields]}): check demo_labels and the metric")
-        out[role] = DemoRetriever(k=k, query=list(sig.input_fields), inputs=list(sig.input_fields), pool=pool)
+        out[role] = DemoRetriever(k=k, query=list(sig.input_fields), pool=pool)
     return out
 
 

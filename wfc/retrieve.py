@@ -61,13 +61,13 @@ def rank(query: str, documents: Sequence[str], k: int) -> list[int]:
 
 class DemoRetriever(BaseModel):
     """One role's retrieval: ``k`` demos per run from ``pool`` (dicts of the role's input and output fields),
-    matched on the ``query`` fields of the program's inputs."""
+    matched on the ``query`` fields: the role's inputs, which are also inputs of the program (a labeled role answers
+    the task from its own inputs)."""
 
     model_config = ConfigDict(frozen=True)
 
     k: int = Field(ge=1)
-    query: list[str] = Field(min_length=1, description="the program input fields the query text is made of")
-    inputs: list[str] = Field(min_length=1, description="the role's input fields (each demo's inputs)")
+    query: list[str] = Field(min_length=1, description="the role's input fields, read off the program's inputs")
     pool: list[dict[str, Any]]
 
     def text(self, values: Mapping[str, Any]) -> str:
@@ -76,7 +76,7 @@ class DemoRetriever(BaseModel):
     def select(self, inputs: Mapping[str, Any]) -> list[dspy.Example]:
         """The demos for a run on the program inputs ``inputs`` (module doc: nearest first, never its own)."""
         picked = rank(self.text(inputs), [self.text(d) for d in self.pool], self.k)
-        return [dspy.Example(**self.pool[i]).with_inputs(*self.inputs) for i in picked]
+        return [dspy.Example(**self.pool[i]).with_inputs(*self.query) for i in picked]
 
 
 def retrievers(program: dspy.Module) -> dict[str, DemoRetriever]:

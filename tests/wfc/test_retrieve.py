@@ -46,7 +46,7 @@ def test_rank_with_no_shared_term_keeps_document_order():
 
 def _retriever(k=1):
     pool = [{"question": f"What is {a} plus {b}?", "answer": str(a + b)} for a, b in ((1, 2), (7, 8), (30, 40))]
-    return DemoRetriever(k=k, query=["question"], inputs=["question"], pool=pool)
+    return DemoRetriever(k=k, query=["question"], pool=pool)
 
 
 def test_select_picks_the_nearest_and_never_the_run_itself():
@@ -85,7 +85,7 @@ def test_dump_and_load_round_trip():
     load_into(fresh, data)
     assert retrievers(fresh) == retrievers(program)
     with pytest.raises(ValueError):
-        load_into(Single(SIG), {"solver": {"k": 0, "query": ["question"], "inputs": ["question"], "pool": []}})
+        load_into(Single(SIG), {"solver": {"k": 0, "query": ["question"], "pool": []}})
 
 
 def test_trace_shows_each_run_its_own_retrieved_demo(fake_engine):
