@@ -48,7 +48,7 @@ from pathlib import Path
 from compilers import MMGRPO, evaluate
 from compilers.recipes import get_recipe
 from compilers.score import call_metric, paired_difference
-from programs import EvalOpt, Single
+from programs import EvalOpt, Retry, Single
 from programs.eval_opt import accepted
 from wfc.engines.hf import HFEngine
 from wfc.tasks import get_task
@@ -66,12 +66,25 @@ def _ok_calls(graph, role: str) -> list:
     return [c for c in graph.calls if c.role.split(".")[-1] == role and c.status == "ok" and c.outputs]
 
 
+def _first_answer(graph) -> list:
+    """The writer's code as a one-call list (EvalOpt's generator's, Retry's first solver call), or [] when that call
+    failed."""
+    first = [c for c in graph.calls if c.role.split(".")[-1] in ("generator", "solver")][:1]
+    return [c for c in first if c.status == "ok" and c.outputs]
+
+
+def _revisions_made(graph) -> int:
+    """Calls that replaced the writer's code: EvalOpt's fixer calls, Retry's solver calls after the first."""
+    last = [c.role.split(".")[-1] for c in graph.calls]
+    return last.count("optimizer") + max(last.count("solver") - 1, 0)
+
+
 def writer_pass_rate(graphs, metric) -> float:
-    """Mean metric of the writer's (EvalOpt's generator's) own code over ``graphs``: what the program would score
-    without its reviewer and fixer. A rollout whose writer call failed scores 0."""
+    """Mean metric of the writer's own code (EvalOpt's generator's, Retry's first answer) over ``graphs``: what the
+    program would score without its reviewer and fixer, or its retries. A rollout whose writer call failed scores 0."""
     scores = []
     for graph in graphs:
-        writer = _ok_calls(graph, "generator")
+        writer = _first_answer(graph)
         scores.append(call_metric(metric, graph.example, writer[0].outputs, metric_failure_score=0.0)
                       if writer else 0.0)
     return sum(scores) / max(len(scores), 1)
@@ -99,15 +112,17 @@ def reviewer_accept_rate(graphs) -> float:
 
 
 def revisions(graphs, metric) -> dict:
-    """What the fixer (EvalOpt's optimizer) did over ``graphs``: ``revised`` (rollouts it was called in), ``fixed``
-    (of those, the writer's code failed the tests and the final code passes) and ``broken`` (the writer's passed, the
-    final fails). The program scores the writer's pass rate plus (fixed - broken) / len(graphs)."""
-    counts = {"revised": 0, "fixed": 0, "broken": 0}
+    """What the fixer (EvalOpt's optimizer, Retry's later attempts) did over ``graphs``: ``revised`` (rollouts it
+    was called in), ``revision_calls`` (its calls), ``fixed`` (of those rollouts, the writer's code failed the tests
+    and the final code passes) and ``broken`` (the writer's passed, the final fails). The program scores the writer's
+    pass rate plus (fixed - broken) / len(graphs)."""
+    counts = {"revised": 0, "revision_calls": 0, "fixed": 0, "broken": 0}
     for graph in graphs:
-        writer, fixer = _ok_calls(graph, "generator"), [c for c in graph.calls if c.role.split(".")[-1] == "optimizer"]
-        if not fixer:
+        writer, made = _first_answer(graph), _revisions_made(graph)
+        if not made:
             continue
         counts["revised"] += 1
+        counts["revision_calls"] += made
         before = bool(writer) and call_metric(metric, graph.example, writer[0].outputs, metric_failure_score=0.0) >= 1
         after = bool(graph.outputs) and call_metric(metric, graph.example, graph.outputs, metric_failure_score=0.0) >= 1
         counts["fixed"] += after and not before
@@ -132,7 +147,8 @@ def _roles_line(report: dict, when: str) -> str:
     accept, agreement = report[f"reviewer_accept_{when}"], report[f"reviewer_agreement_{when}"]
     agreed = "n/a" if agreement is None else f"{agreement:.0%}"
     reviewer = "" if accept is None else f"; reviewer accepted {accept:.0%}, agreed with the tests on {agreed}"
-    return (f" (writer alone {report[f'writer_{when}']:.3f}{reviewer}; fixer called in {report[f'revised_{when}']}, "
+    return (f" (writer alone {report[f'writer_{when}']:.3f}{reviewer}; fixer called in {report[f'revised_{when}']} "
+            f"({report[f'revision_calls_{when}']} calls), "
             f"fixed {report[f'fixed_{when}']}, broke {report[f'broken_{when}']})")
 
 
@@ -157,10 +173,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default=None, help="default: artifacts/code-<program>")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override one recipe field (a JSON value), e.g. --set credit=verified-strict")
-    ap.add_argument("--program", choices=("evalopt", "single"), default="evalopt",
-                    help="EvalOpt (writer -> reviewer -> fixer), or the writer alone (Single) as the single-role "
-                         "GRPO rival; for equal budgets add --set max_rollout_tokens=N (N: the EvalOpt run's "
-                         "rollout_tokens) and enough --steps for the budget to stop it")
+    ap.add_argument("--program", choices=("evalopt", "single", "retry"), default="evalopt",
+                    help="EvalOpt (writer -> reviewer -> fixer), the writer alone (Single) as the single-role "
+                         "GRPO rival, or Retry (the writer answers again while the prompt's example fails, "
+                         "programs.Retry(check=example_check)); for equal budgets add --set max_rollout_tokens=N "
+                         "(N: the other run's rollout_tokens) and enough --steps for the budget to stop it")
+    ap.add_argument("--attempts", type=int, default=4,
+                    help="Retry: answers drawn after the first while the example fails")
+    ap.add_argument("--sample-retries", type=float, default=0.8,
+                    help="Retry: the temperature of those answers in greedy runs (evaluation, serving)")
     ap.add_argument("--choose-verdict", action="store_true",
                     help="the reviewer chooses 'correct' or 'incorrect' (EvalOpt(choose_verdict=True)) instead of "
                          "writing a verdict")
@@ -184,19 +205,24 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if args.retrieved_demos < 0:
         ap.error(f"--retrieved-demos must be >= 0, got {args.retrieved_demos}")
+    if args.attempts < 0 or not args.sample_retries > 0:
+        ap.error(f"--attempts must be >= 0 and --sample-retries > 0, got {args.attempts} and {args.sample_retries}")
     # different programs' runs never share a folder
-    label = (args.program + ("-check" if args.check else "") + ("-frozen" if args.frozen_fixer else "")
+    label = (args.program + (f"-{args.attempts}x{args.sample_retries:g}" if args.program == "retry" else "")
+             + ("-check" if args.check else "") + ("-frozen" if args.frozen_fixer else "")
              + ("-fresh" if args.fresh_fix else "") + (f"-rag{args.retrieved_demos}" if args.retrieved_demos else ""))
     args.run_dir = args.run_dir or f"runs/code-{label}"
     args.out = args.out or f"artifacts/code-{label}"
     t0 = time.time()
     task = get_task("codegen", n_train=args.n_train, n_val=args.n_val, n_test=args.n_test)
     engine = HFEngine(args.model)
-    if args.program == "single":
+    if args.program in ("single", "retry"):
         if args.choose_verdict or args.check or args.frozen_fixer or args.fresh_fix:
-            ap.error("--choose-verdict, --check, --frozen-fixer and --fresh-fix are EvalOpt options: Single has no "
-                     "reviewer or fixer")
-        program = Single(task.signature, name="code-single")
+            ap.error(f"--choose-verdict, --check, --frozen-fixer and --fresh-fix are EvalOpt options: "
+                     f"{args.program.capitalize()} has no reviewer or fixer")
+        program = (Single(task.signature, name="code-single") if args.program == "single" else
+                   Retry(task.signature, check=example_check, attempts=args.attempts,
+                         sample_retries=args.sample_retries, name="code-retry"))
     elif args.check and args.choose_verdict:
         ap.error("--check replaces the reviewer, so it has no verdict to choose: pass one of the two")
     else:
@@ -216,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict:
     recipe.update(overrides)
     before = evaluate(program, task.testset, engine, metric=task.metric, adapters={}, max_tokens=args.max_tokens,
                       progress="before")
-    roles = roles_report(before["graphs"], task.metric, "before") if args.program == "evalopt" else {}
+    roles = roles_report(before["graphs"], task.metric, "before") if args.program != "single" else {}
     print(f"pass@1 before: {before['accuracy']:.3f} on {before['n']} tasks{_roles_line(roles, 'before')}")
     compiled = MMGRPO(task.metric, seed=args.seed, **recipe).compile(
         program, trainset=task.trainset, valset=task.valset, engine=engine, backend=args.backend, run_dir=args.run_dir,
@@ -227,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict:
     pair = paired_difference(scores["before"], scores["after"])
     lo, hi = pair["interval"]
     by_function = paired_difference(scores["before"], scores["after"], clusters=[ex.entry_point for ex in task.testset])
-    if args.program == "evalopt":
+    if args.program != "single":
         roles.update(roles_report(after["graphs"], task.metric, "after"))
     trained_on = {ex.solution for ex in task.trainset}
     unseen = [i for i, ex in enumerate(task.testset) if ex.solution not in trained_on]
@@ -243,6 +269,7 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {"program": args.program, "recipe": args.recipe, "overrides": overrides,
                "choose_verdict": args.choose_verdict, "check": args.check, "frozen_fixer": args.frozen_fixer,
                "fresh_fix": args.fresh_fix, "backend": args.backend, **recipe,
+               **({"attempts": args.attempts, "sample_retries": args.sample_retries} if args.program == "retry" else {}),
                "seed": args.seed, "n_test": args.n_test,
                "n_val": args.n_val, "before": before["accuracy"], "after": after["accuracy"], **pair, **roles,
                "interval_by_function": by_function["interval"], "functions": by_function["clusters"],

@@ -2,9 +2,11 @@
 
 from programs.eval_opt import EvalOpt
 from programs.orch_workers import OrchWorkers
+from programs.retry import Retry
 from programs.single import Single
 from programs.voting import Voting
 
-TOPOLOGIES = {"single": Single, "evalopt": EvalOpt, "voting": Voting, "orchworkers": OrchWorkers}
+TOPOLOGIES = {"single": Single, "evalopt": EvalOpt, "voting": Voting, "orchworkers": OrchWorkers,
+              "retry": Retry}
 
-__all__ = ["EvalOpt", "OrchWorkers", "Single", "Voting", "TOPOLOGIES"]
+__all__ = ["EvalOpt", "OrchWorkers", "Retry", "Single", "Voting", "TOPOLOGIES"]

@@ -14,7 +14,7 @@ sampled training rollouts the aggregator is called, and trained, exactly when th
 ``sample_voters=T``: in a greedy run (evaluation, ``wfc.load``, serving) the voters sample at temperature ``T``, so
 the vote has distinct answers to decide between (self-consistency); in a sampled run (training rollouts) every call
 keeps the run's own temperature, so the trainer's log-probs stay those of the distribution the calls were drawn from.
-The run's temperature is read from the voter's bound LM (``wfc.lower.bind`` gives each role its own), else DSPy's.
+(``programs._sampling``: the rule Retry's attempts follow too.)
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import dspy
 
 from programs._fields import derive, primary_output, task_signature
+from programs._sampling import check_temperature, greedy_run_config
 from wfc.lower import parallel_map
 from wfc.program import Program
 
@@ -36,11 +37,8 @@ class Voting(Program):
             raise ValueError(f"Voting needs n >= 1 voters, got {n!r}")
         sig = task_signature(signature)
         self.n = n
-        if sample_voters is not None and not (isinstance(sample_voters, (int, float)) and sample_voters > 0):
-            raise ValueError(f"sample_voters is the voters' temperature in greedy runs: a number > 0 or None, "
-                             f"got {sample_voters!r}")
         self.skip_unanimous = bool(skip_unanimous)
-        self.sample_voters = None if sample_voters is None else float(sample_voters)
+        self.sample_voters = check_temperature(sample_voters, "sample_voters")
         self.output = primary_output(sig)
         self.voter = predictor(sig)
         self.aggregator = predictor(derive(
@@ -53,12 +51,7 @@ class Voting(Program):
     def _voter_config(self) -> dict:
         """The voters' per-call DSPy config: a temperature only when this run is greedy and ``sample_voters`` is set."""
         # getattr: artifacts saved before the option existed rebuild without the attribute
-        temperature = getattr(self, "sample_voters", None)
-        if temperature is None:
-            return {}
-        lm = self.voter.lm or dspy.settings.lm
-        run_temperature = (getattr(lm, "kwargs", None) or {}).get("temperature") or 0.0
-        return {"temperature": temperature} if run_temperature == 0.0 else {}
+        return greedy_run_config(self.voter, getattr(self, "sample_voters", None))
 
     def forward(self, **inputs):
         config = self._voter_config()

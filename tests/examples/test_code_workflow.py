@@ -78,10 +78,50 @@ def test_revisions_count_the_fixers_fixes_and_breaks_against_the_writers_code(sc
     # fixed: wrong -> right; broken: right -> wrong; kept: right -> right and wrong -> wrong; not revised: alone
     graphs = [_rollout(example, wrong, right), _rollout(example, right, wrong), _rollout(example, right, right),
               _rollout(example, wrong, wrong), alone]
-    assert script.revisions(graphs, code_metric) == {"revised": 4, "fixed": 1, "broken": 1}
+    assert script.revisions(graphs, code_metric) == {"revised": 4, "revision_calls": 4, "fixed": 1, "broken": 1}
     report = script.roles_report(graphs, code_metric, "after")
     assert report["reviewer_accept_after"] is None and report["reviewer_agreement_after"] is None  # no reviewer
     assert report["writer_after"] == pytest.approx(2 / 5) and report["fixed_after"] == 1
+
+
+def test_retrys_first_answer_is_the_writer_and_its_later_answers_the_revisions(script):
+    example = make_codegen(1, seed=3)[0]
+    right, wrong = example.solution, "def nothing():\n    return None\n"
+
+    def retried(*codes):
+        calls = [CallNode(id=i, role="solver", invocation=i, messages=[{"role": "user", "content": "p"}],
+                          outputs={"code": code}, started=2 * i + 1, finished=2 * i + 2) for i, code in enumerate(codes)]
+        return RolloutGraph(calls, example=dict(example), outputs={"code": codes[-1]})
+
+    # fixed on the third answer; right first time (no retry); wrong on all three
+    graphs = [retried(wrong, wrong, right), retried(right), retried(wrong, wrong, wrong)]
+    assert script.revisions(graphs, code_metric) == {"revised": 2, "revision_calls": 4, "fixed": 1, "broken": 0}
+    assert script.writer_pass_rate(graphs, code_metric) == pytest.approx(1 / 3)
+
+
+def test_the_retry_workflow_answers_again_while_the_shown_example_fails(script, tiny_handle, tmp_path, monkeypatch):
+    """--program retry: programs.Retry(check=example_check) compiled with the writer's demos; the artifact rebuilds
+    it with its check, attempts and retry temperature."""
+    monkeypatch.chdir(tmp_path)
+    summary = script.main(["--model", "tiny", "--program", "retry", "--attempts", "2", "--retrieved-demos", "1",
+                           "--steps", "1", "--n-train", "4", "--n-val", "2", "--n-test", "3", "--examples-per-step",
+                           "1", "--group-size", "2", "--max-tokens", "8", "--eval-every", "0", "--set",
+                           "dynamic_sampling=false"])
+    assert summary["program"] == "retry" and summary["attempts"] == 2 and summary["sample_retries"] == 0.8
+    # the tiny model's code never passes the shown example, so every held-out task used both retries
+    assert summary["revised_after"] == 3 and summary["revision_calls_after"] == 6 and summary["fixed_after"] == 0
+    art = tmp_path / "artifacts" / "code-retry-2x0.8-rag1"
+    assert json.loads((art / "manifest.json").read_text())["roles"].keys() == {"solver"}
+    loaded = wfc.load(art, model="tiny")
+    try:
+        program = loaded.program
+        assert (program.check.__name__, program.attempts, program.sample_retries) == ("example_check", 2, 0.8)
+    finally:
+        loaded.engine.close()
+    with pytest.raises(SystemExit):  # Retry has no fixer role to freeze
+        script.main(["--program", "retry", "--frozen-fixer"])
+    with pytest.raises(SystemExit):
+        script.main(["--program", "retry", "--attempts", "-1"])
 
 
 def test_the_checked_workflow_runs_the_prompts_example_instead_of_a_reviewer(script, tiny_handle, tmp_path,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dspy
 import pytest
 
-from programs import TOPOLOGIES, EvalOpt, OrchWorkers, Single, Voting
+from programs import TOPOLOGIES, EvalOpt, OrchWorkers, Retry, Single, Voting
 from programs.eval_opt import accepted
 from wfc.engines.base import SamplingParams
 from wfc.lower import roles, trace
@@ -33,9 +33,16 @@ def calls_per_role(graph) -> dict[str, int]:
     ("voting", ["voter", "aggregator"]),
     ("evalopt", ["generator", "evaluator", "optimizer"]),
     ("orchworkers", ["orchestrator", "worker", "synthesizer"]),
+    ("retry", ["solver"]),
 ])
 def test_declared_roles(name, expected):
-    assert list(roles(TOPOLOGIES[name](QA))) == expected
+    options = {"check": is_five} if name == "retry" else {}
+    assert list(roles(TOPOLOGIES[name](QA, **options))) == expected
+
+
+def is_five(inputs, proposal):
+    """A check: accepts the answer "5"."""
+    return proposal["answer"].strip() == "5", "it should be 5"
 
 
 def test_single(fake_engine):
@@ -112,6 +119,69 @@ def test_voting_samples_its_voters_only_in_greedy_runs(run_temperature, voter_te
 def test_voting_sample_voters_must_be_a_positive_temperature(bad):
     with pytest.raises(ValueError, match="sample_voters"):
         Voting(QA, sample_voters=bad)
+
+
+@pytest.mark.parametrize("answers, calls, final", [
+    (["5"], 1, "5"),  # accepted first time: no retry
+    (["4", "6", "5", "7"], 3, "5"),  # retried until the check accepts
+    (["4", "6", "3", "2", "9"], 4, "2"),  # out of attempts: the last answer stands, unchecked
+])
+def test_retry_answers_again_until_the_check_accepts(answers, calls, final, fake_engine):
+    queue = iter(answers)
+    checked = []
+
+    def check(inputs, proposal):
+        checked.append(proposal["answer"].strip())
+        return is_five(inputs, proposal)
+
+    g = trace(Retry(QA, check=check, attempts=3), EXAMPLE, fake_engine(by_system={"Solve": lambda r: next(queue)}))
+    assert g.status == "ok" and calls_per_role(g) == {"solver": calls}
+    assert g.outputs == {"answer": final}
+    assert checked == answers[:min(calls, 3)]  # once per answer, never the last attempt's
+    first = g.calls_of("solver")[0].messages
+    assert all(c.messages == first for c in g.calls_of("solver"))  # a fresh draw of the same prompt
+
+
+@pytest.mark.parametrize("run_temperature, retry_temperature", [(0.0, 0.8), (0.7, 0.7)])
+def test_retry_samples_its_retries_only_in_greedy_runs(run_temperature, retry_temperature, fake_engine):
+    """A greedy run's first answer is greedy and its retries sample at sample_retries; a sampled run (training)
+    keeps its own temperature on every call."""
+    g = trace(Retry(QA, check=is_five, attempts=2, sample_retries=0.8), EXAMPLE, fake_engine(by_system={"Solve": "4"}),
+              sampling=SamplingParams(temperature=run_temperature, max_tokens=8))
+    assert [c.temperature for c in g.calls_of("solver")] == [run_temperature] + [retry_temperature] * 2
+
+
+def test_retry_counts_an_attempt_that_fails_as_failed_and_keeps_the_last_parsed_answer(fake_engine):
+    answers = iter(["4", None, "6"])
+    checked = []
+
+    def solver(request):
+        answer = next(answers)
+        if answer is None:
+            raise RuntimeError("engine down")
+        return answer
+
+    def check(inputs, proposal):
+        checked.append(proposal["answer"].strip())
+        return False, "no"
+
+    g = trace(Retry(QA, check=check, attempts=2), EXAMPLE, fake_engine(by_system={"Solve": solver}))
+    assert [c.status for c in g.calls_of("solver")] == ["ok", "crash", "ok"]
+    assert checked == ["4"]  # the crash left "4" standing, already rejected: not checked again
+    assert g.outputs == {"answer": "6"}
+    answers = iter(["4", None])
+    g = trace(Retry(QA, check=check, attempts=1), EXAMPLE, fake_engine(by_system={"Solve": solver}))
+    assert g.outputs == {"answer": "4"}  # the last parsed answer
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"check": None}, "check is a function"), ({"attempts": -1}, "attempts >= 0"), ({"attempts": True}, "attempts"),
+    ({"sample_retries": 0}, "sample_retries"), ({"sample_retries": None}, "repeat a greedy answer"),
+])
+def test_retry_refuses_bad_options(options, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        Retry(QA, **{"check": is_five, **options})
+    Retry(QA, check=is_five, attempts=0, sample_retries=None)  # no retries: no temperature needed
 
 
 @pytest.mark.parametrize("verdicts, expected", [
