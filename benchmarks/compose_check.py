@@ -1,5 +1,6 @@
 """A code artifact's trained writer, alone and inside EvalOpt with the prompt's example as the check, the fixer on the
-base model: ``python benchmarks/compose_check.py ARTIFACT``.
+base model (or, with ``--retry N``, inside ``programs.Retry``: the writer answers again while the example fails):
+``python benchmarks/compose_check.py ARTIFACT``.
 
 What it measures: how much running the example a prompt shows, and handing a failure with what it returned to an
 untrained fixer, adds at inference to a writer trained by any run (``examples/code_workflow.py``, either program).
@@ -11,6 +12,7 @@ per-task scores.
 
     python benchmarks/compose_check.py artifacts/code-single            # the writer trained alone (Single)
     python benchmarks/compose_check.py artifacts/code-evalopt --role generator
+    python benchmarks/compose_check.py artifacts/code-single-rag1 --retry 4   # demos and retriever carried over
 """
 
 from __future__ import annotations
@@ -35,32 +37,57 @@ def writer_role(roles: dict, role: str | None) -> str:
     return role
 
 
-def compose(artifact: Path, *, role: str | None = None, n_test: int = 160, model: str | None = None) -> dict:
+def carry_writer(loaded_program, role: str, program, path: str) -> None:
+    """Give ``program``'s role ``path`` (in place) the static demos and the retriever the artifact's writer role
+    ``role`` has, so the composed writer is prompted as it was trained."""
+    from wfc.retrieve import install, retrievers
+
+    source = dict(loaded_program.named_predictors())[role]
+    dict(program.named_predictors())[path].demos = list(source.demos)
+    found = retrievers(loaded_program)
+    if role in found:
+        install(program, {path: found[role]})
+
+
+def compose(artifact: Path, *, role: str | None = None, n_test: int = 160, model: str | None = None,
+            retry: int = 0, sample_retries: float = 0.8) -> dict:
     import wfc
     from compilers import evaluate
     from compilers.score import paired_difference
-    from programs import EvalOpt
+    from programs import EvalOpt, Retry, Single
     from wfc.tasks import get_task
     from wfc.tasks.visible import example_check
 
     task = get_task("codegen", n_train=100, n_val=32, n_test=n_test)
     loaded = wfc.load(artifact, model=model)
     try:
-        adapter = loaded.roles[writer_role(loaded.roles, role)]
-        programs = {"writer": EvalOpt(task.signature, rounds=0, name="code-evalopt"),
-                    "checked": EvalOpt(task.signature, rounds=1, check=example_check, name="code-evalopt")}
-        results = {name: evaluate(program, task.testset, loaded.engine, metric=task.metric,
-                                  adapters={"generator": adapter, "optimizer": None}, max_tokens=96, progress=name)
+        writer = writer_role(loaded.roles, role)
+        adapter = loaded.roles[writer]
+        if retry:  # the writer itself answers again, sampled, while the example fails: no fixer role
+            programs = {"writer": Single(task.signature, name="code-single"),
+                        "checked": Retry(task.signature, check=example_check, attempts=retry,
+                                         sample_retries=sample_retries, name="code-retry")}
+            path, adapters = "solver", {"solver": adapter}
+        else:
+            programs = {"writer": EvalOpt(task.signature, rounds=0, name="code-evalopt"),
+                        "checked": EvalOpt(task.signature, rounds=1, check=example_check, name="code-evalopt")}
+            path, adapters = "generator", {"generator": adapter, "optimizer": None}
+        for program in programs.values():
+            carry_writer(loaded.program, writer, program, path)
+        results = {name: evaluate(program, task.testset, loaded.engine, metric=task.metric, adapters=adapters,
+                                  max_tokens=96, progress=name)
                    for name, program in programs.items()}
     finally:
         loaded.engine.close()
     scores = {name: [float(g.reward) for g in r["graphs"]] for name, r in results.items()}
     pair = paired_difference(scores["writer"], scores["checked"])
-    fixer_calls = sum(any(c.role == "optimizer" for c in g.calls) for g in results["checked"]["graphs"])
+    fixer = "solver" if retry else "optimizer"
+    fixer_calls = sum(max(sum(c.role == fixer for c in g.calls) - bool(retry), 0)
+                      for g in results["checked"]["graphs"])
     # what the calls ran on, read back from the rollout graphs (the fixer: the base model, adapter None)
     ran_on = {role: sorted({str(c.adapter) for g in results["checked"]["graphs"] for c in g.calls if c.role == role})
-              for role in ("generator", "optimizer")}
-    return {"artifact": str(artifact), "writer_adapter": adapter, "n": n_test,
+              for role in sorted({path, fixer})}
+    return {"artifact": str(artifact), "writer_adapter": adapter, "n": n_test, "retry": retry,
             **{name: {"pass@1": r["accuracy"], "interval": r["interval"]} for name, r in results.items()},
             "checked_minus_writer": pair, "fixer_calls": fixer_calls, "ran_on": ran_on, "fixed": pair["only_after"],
             "broken": pair["only_before"], "tasks": scores}
@@ -73,9 +100,16 @@ def main(argv: list[str] | None = None) -> dict:
                                                   "'generator')")
     ap.add_argument("--n-test", type=int, default=160)
     ap.add_argument("--model", default=None, help="where the base weights come from (default: the artifact's)")
+    ap.add_argument("--retry", type=int, default=0, metavar="N",
+                    help="compose into programs.Retry instead: the writer answers again, up to N times, sampled at "
+                         "--sample-retries, while the example fails (0: EvalOpt with the base fixer)")
+    ap.add_argument("--sample-retries", type=float, default=0.8)
     ap.add_argument("--out", type=Path, default=None, help="write the result, per-task scores included, as JSON")
     args = ap.parse_args(argv)
-    result = compose(args.artifact, role=args.role, n_test=args.n_test, model=args.model)
+    if args.retry < 0:
+        ap.error(f"--retry must be >= 0, got {args.retry}")
+    result = compose(args.artifact, role=args.role, n_test=args.n_test, model=args.model, retry=args.retry,
+                     sample_retries=args.sample_retries)
     print(json.dumps({k: v for k, v in result.items() if k != "tasks"}, indent=1))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -235,6 +235,35 @@ def test_a_trained_writer_composes_with_the_example_check_and_a_base_fixer(scrip
         compose_check.main([str(tmp_path / "art"), "--role", "critic", "--n-test", "3"])
 
 
+def test_a_trained_writer_composes_into_retry_with_its_retrieved_demos(script, tiny_handle, tmp_path, monkeypatch):
+    """compose_check.py --retry N on a tiny artifact trained with retrieved demos: the composed programs' writer
+    carries the artifact's retriever (so it is prompted as trained), and every task (the tiny model's code never
+    passes its example) gets N more answers from the writer's own adapter."""
+    from benchmarks import compose_check
+    from programs import Retry
+    from wfc.retrieve import retrievers
+    from wfc.tasks import get_task
+    from wfc.tasks.visible import example_check
+
+    monkeypatch.chdir(tmp_path)
+    summary = script.main(["--model", "tiny", "--program", "single", "--retrieved-demos", "1", "--steps", "1",
+                           "--n-train", "6", "--n-val", "2", "--n-test", "3", "--examples-per-step", "1",
+                           "--group-size", "2", "--max-tokens", "8", "--eval-every", "0", "--set",
+                           "dynamic_sampling=false", "--out", str(tmp_path / "art")])
+    result = compose_check.main([str(tmp_path / "art"), "--n-test", "3", "--retry", "2"])
+    assert result["retry"] == 2 and result["fixer_calls"] == 6 and result["ran_on"] == {"solver": ["shared"]}
+    assert result["writer"]["pass@1"] == summary["after"]
+    loaded = wfc.load(tmp_path / "art", model="tiny")
+    try:
+        program = Retry(get_task("codegen", n_train=6, n_val=2, n_test=3).signature, check=example_check)
+        compose_check.carry_writer(loaded.program, "solver", program, "solver")
+        assert retrievers(program) == retrievers(loaded.program) and retrievers(program)
+    finally:
+        loaded.engine.close()
+    with pytest.raises(SystemExit):
+        compose_check.main([str(tmp_path / "art"), "--retry", "-1"])
+
+
 def test_the_checked_workflow_with_a_frozen_fixer_trains_the_writer_alone_on_its_budget(script, tiny_handle,
                                                                                         tmp_path, monkeypatch):
     """--check --frozen-fixer: the fixer has no adapter, training rollouts never call it (the tiny model's code
