@@ -26,6 +26,9 @@ step's peak 12.7 -> 9.0 GB, its update 37% slower). The script is the template f
                                                                   # on the whole budget
     python examples/code_workflow.py --program single --retrieved-demos 1   # each run's writer is shown the gold
                                                                   # solution of the nearest training task (wfc.retrieve)
+    python examples/code_workflow.py --program retry --attempts 4   # while the prompt's example fails, the writer
+                                                                  # answers again (programs.Retry; sampled at
+                                                                  # --sample-retries in greedy runs)
 
 Held-out tasks whose gold solution is also a training task's (the functions without parameters, and repeated
 parameters) are scored apart in ``summary.json`` (``unseen``: accuracy on the rest), since a retrieved demo of such

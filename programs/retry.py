@@ -10,17 +10,18 @@ a retry can differ from the greedy answer that failed (``programs._sampling``: i
 the run's temperature). The first answer always follows the run's own settings. Without ``sample_retries`` a greedy
 run's retries repeat the first answer, so they are refused: pass it, or use ``attempts=0``.
 
-Why a topology of its own: shown the check's feedback, SmolLM2-135M's fixer (EvalOpt's optimizer, trained or not,
-shown the failed code or not) fixed 0 of the 10 held-out code tasks whose shown example a trained writer failed;
-the same writer drawn again at T=0.8 until the example passed (4 attempts) fixed 7 (docs/results.md, stop 44).
+What it buys, measured on the generated code tasks (SmolLM2-135M, ``wfc.tasks.visible.example_check``, 4 attempts
+at T=0.8; docs/results.md, stop 44): on the untrained writer, 0.569 -> 0.681 (18 of the 56 tasks it retried
+fixed); on writers trained by GRPO, +0.000 to +0.019 (0 to 3 fixes), including one compiled inside Retry: training
+sharpens the writer onto its remaining wrong answers, so a fresh draw repeats them (8 attempts at T=1.2: 2 fixes of
+20 tasks). So far it has earned its calls only where the writer was still unsure (untrained).
 
 A retry whose output cannot be parsed (or that crashes) counts as a failed attempt and stays in the rollout graph
 with its status; a first answer that cannot be parsed fails the run, as in ``Single``.
 
 Invariant: the check is called at most once per parsed answer, in order, never after it accepts, and never on the
-last attempt's answer (nothing is left to do if it fails); calls of the solver
-after the first see the same prompt as the first (a fresh draw, not a revision), so mmGRPO's ``pool_fanout`` may
-pool them with the first call's group.
+last attempt's answer (nothing is left to do if it fails); calls of the solver after the first see the same prompt
+as the first (a fresh draw, not a revision), so mmGRPO's ``pool_fanout`` may pool them with the first call's group.
 """
 
 from __future__ import annotations
