@@ -82,8 +82,8 @@ def compose(artifact: Path, *, role: str | None = None, n_test: int = 160, model
     scores = {name: [float(g.reward) for g in r["graphs"]] for name, r in results.items()}
     pair = paired_difference(scores["writer"], scores["checked"])
     fixer = "solver" if retry else "optimizer"
-    fixer_calls = sum(max(sum(c.role == fixer for c in g.calls) - bool(retry), 0)
-                      for g in results["checked"]["graphs"])
+    # every call after the writer's first replaces its answer (EvalOpt's fixer, Retry's later draws)
+    fixer_calls = sum(len(g.calls) - 1 for g in results["checked"]["graphs"])
     # what the calls ran on, read back from the rollout graphs (the fixer: the base model, adapter None)
     ran_on = {role: sorted({str(c.adapter) for g in results["checked"]["graphs"] for c in g.calls if c.role == role})
               for role in sorted({path, fixer})}
