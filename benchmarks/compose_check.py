@@ -13,6 +13,8 @@ per-task scores.
     python benchmarks/compose_check.py artifacts/code-single            # the writer trained alone (Single)
     python benchmarks/compose_check.py artifacts/code-evalopt --role generator
     python benchmarks/compose_check.py artifacts/code-single-rag1 --retry 4   # demos and retriever carried over
+    python benchmarks/compose_check.py artifacts/code-single-rag1 --retry 4 --vary-demos --sample-retries 0
+                                                          # each greedy retry shown the next-nearest training task
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def carry_writer(loaded_program, role: str, program, path: str) -> None:
 
 
 def compose(artifact: Path, *, role: str | None = None, n_test: int = 160, model: str | None = None,
-            retry: int = 0, sample_retries: float = 0.8) -> dict:
+            retry: int = 0, sample_retries: float | None = 0.8, vary_demos: bool = False) -> dict:
     import wfc
     from compilers import evaluate
     from compilers.score import paired_difference
@@ -66,7 +68,7 @@ def compose(artifact: Path, *, role: str | None = None, n_test: int = 160, model
         if retry:  # the writer itself answers again, sampled, while the example fails: no fixer role
             programs = {"writer": Single(task.signature, name="code-single"),
                         "checked": Retry(task.signature, check=example_check, attempts=retry,
-                                         sample_retries=sample_retries, name="code-retry")}
+                                         sample_retries=sample_retries, vary_demos=vary_demos, name="code-retry")}
             path, adapters = "solver", {"solver": adapter}
         else:
             programs = {"writer": EvalOpt(task.signature, rounds=0, name="code-evalopt"),
@@ -88,6 +90,7 @@ def compose(artifact: Path, *, role: str | None = None, n_test: int = 160, model
     ran_on = {role: sorted({str(c.adapter) for g in results["checked"]["graphs"] for c in g.calls if c.role == role})
               for role in sorted({path, fixer})}
     return {"artifact": str(artifact), "writer_adapter": adapter, "n": n_test, "retry": retry,
+            **({"sample_retries": sample_retries, "vary_demos": vary_demos} if retry else {}),
             **{name: {"pass@1": r["accuracy"], "interval": r["interval"]} for name, r in results.items()},
             "checked_minus_writer": pair, "fixer_calls": fixer_calls, "ran_on": ran_on, "fixed": pair["only_after"],
             "broken": pair["only_before"], "tasks": scores}
@@ -103,13 +106,21 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--retry", type=int, default=0, metavar="N",
                     help="compose into programs.Retry instead: the writer answers again, up to N times, sampled at "
                          "--sample-retries, while the example fails (0: EvalOpt with the base fixer)")
-    ap.add_argument("--sample-retries", type=float, default=0.8)
+    ap.add_argument("--sample-retries", type=float, default=0.8,
+                    help="the retries' temperature; 0: greedy (with --vary-demos only)")
+    ap.add_argument("--vary-demos", action="store_true",
+                    help="each retry is shown the next-nearest retrieved demos (Retry(vary_demos=True)); needs an "
+                         "artifact trained with retrieved demos")
     ap.add_argument("--out", type=Path, default=None, help="write the result, per-task scores included, as JSON")
     args = ap.parse_args(argv)
     if args.retry < 0:
         ap.error(f"--retry must be >= 0, got {args.retry}")
+    if args.vary_demos and not args.retry:
+        ap.error("--vary-demos varies Retry's demos: pass --retry N too")
+    if args.sample_retries < 0 or (args.sample_retries == 0 and args.retry and not args.vary_demos):
+        ap.error(f"--sample-retries is a temperature > 0, or 0 (greedy) with --vary-demos; got {args.sample_retries}")
     result = compose(args.artifact, role=args.role, n_test=args.n_test, model=args.model, retry=args.retry,
-                     sample_retries=args.sample_retries)
+                     sample_retries=args.sample_retries or None, vary_demos=args.vary_demos)
     print(json.dumps({k: v for k, v in result.items() if k != "tasks"}, indent=1))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,9 @@ step's peak 12.7 -> 9.0 GB, its update 37% slower). The script is the template f
     python examples/code_workflow.py --program retry --attempts 4   # while the prompt's example fails, the writer
                                                                   # answers again (programs.Retry; sampled at
                                                                   # --sample-retries in greedy runs)
+    python examples/code_workflow.py --program retry --retrieved-demos 1 --vary-demos --sample-retries 0
+                                                                  # ... each retry shown the next-nearest training
+                                                                  # task instead, greedy
 
 Held-out tasks whose gold solution is also a training task's (the functions without parameters, and repeated
 parameters) are scored apart in ``summary.json`` (``unseen``: accuracy on the rest), since a retrieved demo of such
@@ -184,7 +187,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--attempts", type=int, default=4,
                     help="Retry: answers drawn after the first while the example fails")
     ap.add_argument("--sample-retries", type=float, default=0.8,
-                    help="Retry: the temperature of those answers in greedy runs (evaluation, serving)")
+                    help="Retry: the temperature of those answers in greedy runs (evaluation, serving); 0: greedy "
+                         "(with --vary-demos only)")
+    ap.add_argument("--no-train-retries", action="store_true",
+                    help="Retry: training rollouts answer once (Retry(train_retries=False)), so the compile trains "
+                         "the writer as --program single does and only validation and evaluation retry")
+    ap.add_argument("--vary-demos", action="store_true",
+                    help="Retry with --retrieved-demos: each answer after the first is shown the next-nearest "
+                         "training tasks instead (Retry(vary_demos=True))")
     ap.add_argument("--choose-verdict", action="store_true",
                     help="the reviewer chooses 'correct' or 'incorrect' (EvalOpt(choose_verdict=True)) instead of "
                          "writing a verdict")
@@ -208,10 +218,19 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if args.retrieved_demos < 0:
         ap.error(f"--retrieved-demos must be >= 0, got {args.retrieved_demos}")
-    if args.attempts < 0 or not args.sample_retries > 0:
-        ap.error(f"--attempts must be >= 0 and --sample-retries > 0, got {args.attempts} and {args.sample_retries}")
+    if args.attempts < 0 or not args.sample_retries >= 0:
+        ap.error(f"--attempts must be >= 0 and --sample-retries >= 0, got {args.attempts} and {args.sample_retries}")
+    if args.no_train_retries and args.program != "retry":
+        ap.error("--no-train-retries is a Retry option: pass it with --program retry")
+    if args.vary_demos and (args.program != "retry" or not args.retrieved_demos):
+        ap.error("--vary-demos shows Retry's later answers other retrieved demos: pass it with --program retry and "
+                 "--retrieved-demos K")
+    if args.program == "retry" and args.attempts and args.sample_retries == 0 and not args.vary_demos:
+        ap.error("--sample-retries 0 (greedy retries) would repeat the first answer: pass --vary-demos too, or a "
+                 "temperature")
     # different programs' runs never share a folder
     label = (args.program + (f"-{args.attempts}x{args.sample_retries:g}" if args.program == "retry" else "")
+             + ("-vary" if args.vary_demos else "") + ("-first" if args.no_train_retries else "")
              + ("-check" if args.check else "") + ("-frozen" if args.frozen_fixer else "")
              + ("-fresh" if args.fresh_fix else "") + (f"-rag{args.retrieved_demos}" if args.retrieved_demos else ""))
     args.run_dir = args.run_dir or f"runs/code-{label}"
@@ -225,7 +244,8 @@ def main(argv: list[str] | None = None) -> dict:
                      f"{args.program.capitalize()} has no reviewer or fixer")
         program = (Single(task.signature, name="code-single") if args.program == "single" else
                    Retry(task.signature, check=example_check, attempts=args.attempts,
-                         sample_retries=args.sample_retries, name="code-retry"))
+                         sample_retries=args.sample_retries or None, vary_demos=args.vary_demos,
+                         train_retries=not args.no_train_retries, name="code-retry"))
     elif args.check and args.choose_verdict:
         ap.error("--check replaces the reviewer, so it has no verdict to choose: pass one of the two")
     else:
@@ -272,7 +292,8 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {"program": args.program, "recipe": args.recipe, "overrides": overrides,
                "choose_verdict": args.choose_verdict, "check": args.check, "frozen_fixer": args.frozen_fixer,
                "fresh_fix": args.fresh_fix, "backend": args.backend, **recipe,
-               **({"attempts": args.attempts, "sample_retries": args.sample_retries} if args.program == "retry" else {}),
+               **({"attempts": args.attempts, "sample_retries": args.sample_retries, "vary_demos": args.vary_demos,
+                   "train_retries": not args.no_train_retries} if args.program == "retry" else {}),
                "seed": args.seed, "n_test": args.n_test,
                "n_val": args.n_val, "before": before["accuracy"], "after": after["accuracy"], **pair, **roles,
                "interval_by_function": by_function["interval"], "functions": by_function["clusters"],

@@ -23,11 +23,14 @@ def check_temperature(value: Any, option: str) -> float | None:
     return float(value)
 
 
+def greedy_run(predictor: dspy.Predict) -> bool:
+    """Whether the run ``predictor`` is called in is greedy (evaluation, ``wfc.load``, serving) rather than sampled
+    (training rollouts)."""
+    lm = predictor.lm or dspy.settings.lm
+    return ((getattr(lm, "kwargs", None) or {}).get("temperature") or 0.0) == 0.0
+
+
 def greedy_run_config(predictor: dspy.Predict, temperature: float | None) -> dict:
     """The per-call DSPy config for ``predictor``: ``{"temperature": temperature}`` when it is set and the run is
     greedy, else ``{}`` (the run's own settings)."""
-    if temperature is None:
-        return {}
-    lm = predictor.lm or dspy.settings.lm
-    run_temperature = (getattr(lm, "kwargs", None) or {}).get("temperature") or 0.0
-    return {"temperature": temperature} if run_temperature == 0.0 else {}
+    return {"temperature": temperature} if temperature is not None and greedy_run(predictor) else {}

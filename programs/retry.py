@@ -16,12 +16,29 @@ fixed); on writers trained by GRPO, +0.000 to +0.019 (0 to 3 fixes), including o
 sharpens the writer onto its remaining wrong answers, so a fresh draw mostly repeats them. At 8 attempts at T=1.2,
 three trained writers gained +0.056 / +0.000 / +0.013 (one fixed all 7 ``larger`` tasks, one none).
 
+``vary_demos=True`` (for a solver with retrieved demos, ``wfc.retrieve``: compile with ``retrieved_demos=k``):
+retry ``i`` shows the solver's static demos and the retrieved ones ranked after those the earlier answers were
+shown (the ``k`` nearest after the first ``i * k``), so a retry is asked with other examples, not only drawn again.
+Why: a trained writer's remaining failures repeat under sampling when its nearest demo misleads it (the ``larger``
+tasks, whose nearest demo is ``smaller``); shown the next-nearest instead, it answers them. With it, greedy retries
+(``sample_retries=None``) differ from each other and are allowed. A run whose solver has no retrieved demos (no
+retriever, or its inputs lack the retriever's query fields) repeats its prompt: without ``sample_retries`` that is
+refused when the run starts, with what to pass.
+
+``train_retries=False``: training rollouts (sampled runs) answer once, so compiling spends the whole budget on
+first answers and trains the solver exactly as compiling ``Single`` would (same rollouts, same update); greedy runs
+(validation, evaluation, serving) still retry. Why: retries in training cost rollout tokens, and measured at an
+equal budget the writer compiled inside Retry with them came out weaker (0.894 against 0.912, stop 44).
+
 A retry whose output cannot be parsed (or that crashes) counts as a failed attempt and stays in the rollout graph
 with its status; a first answer that cannot be parsed fails the run, as in ``Single``.
 
 Invariant: the check is called at most once per parsed answer, in order, never after it accepts, and never on the
 last attempt's answer (nothing is left to do if it fails); calls of the solver after the first see the same prompt
-as the first (a fresh draw, not a revision), so mmGRPO's ``pool_fanout`` may pool them with the first call's group.
+as the first (a fresh draw, not a revision), so mmGRPO's ``pool_fanout`` may pool them with the first call's group,
+except with ``vary_demos``, where call ``i`` shows other demos than call ``i - 1`` (same instructions and task; its
+group, by invocation index, holds the calls of one prompt per example). The program a user holds never changes: the
+demos are changed on the run's own copy (``wfc.lower.trace`` copies before it selects), and put back after the run.
 """
 
 from __future__ import annotations
@@ -31,7 +48,7 @@ from typing import Callable
 import dspy
 
 from programs._fields import task_signature
-from programs._sampling import check_temperature, greedy_run_config
+from programs._sampling import check_temperature, greedy_run, greedy_run_config
 from wfc.program import Program
 
 
@@ -39,16 +56,23 @@ class Retry(Program):
     """Answer, check, answer again while the check rejects (up to ``attempts`` more times)."""
 
     def __init__(self, signature, *, check: Callable, attempts: int = 4, sample_retries: float | None = 0.8,
-                 predictor: type[dspy.Predict] = dspy.Predict, name: str | None = None):
+                 vary_demos: bool = False, train_retries: bool = True, predictor: type[dspy.Predict] = dspy.Predict,
+                 name: str | None = None):
         super().__init__(name=name)
         if not callable(check):
             raise TypeError(f"Retry's check is a function (inputs, proposal) -> (accepted, feedback), got {check!r}")
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
             raise ValueError(f"Retry needs attempts >= 0 (answers drawn after the first), got {attempts!r}")
         self.sample_retries = check_temperature(sample_retries, "sample_retries")
-        if attempts and self.sample_retries is None:
+        for option, value in (("vary_demos", vary_demos), ("train_retries", train_retries)):
+            if not isinstance(value, bool):
+                raise TypeError(f"Retry's {option} is True or False, got {value!r}")
+        if attempts and self.sample_retries is None and not vary_demos:
             raise ValueError("Retry without sample_retries would repeat a greedy answer on every attempt: pass "
-                             "sample_retries=T (e.g. 0.8) or attempts=0")
+                             "sample_retries=T (e.g. 0.8), vary_demos=True (retries shown other retrieved demos), "
+                             "or attempts=0")
+        self.vary_demos = vary_demos
+        self.train_retries = train_retries
         sig = task_signature(signature)
         self.check = check
         self.attempts = attempts
@@ -56,14 +80,43 @@ class Retry(Program):
         self.solver = predictor(sig)
 
     def forward(self, **inputs):
-        current = self.solver(**inputs)
+        if not self.train_retries and not greedy_run(self.solver):  # a training rollout: first answers only
+            return self.solver(**inputs)
+        shown = list(self.solver.demos)
+        split = self._retrieved(inputs, shown)
+        if self.attempts and split is None and self.sample_retries is None:
+            raise ValueError("Retry(vary_demos=True, sample_retries=None) found no retrieved demos on its solver to "
+                             "vary, so every retry would repeat the greedy answer: compile with retrieved_demos=k, "
+                             "or pass sample_retries=T")
         config = greedy_run_config(self.solver, self.sample_retries)
+        current = self.solver(**inputs)
         rejected = False  # whether `current` has been checked and rejected already
-        for _ in range(self.attempts):
-            if not rejected and self.check(inputs, {k: getattr(current, k) for k in self.outputs})[0]:
-                break
-            try:
-                current, rejected = self.solver(**inputs, config=config), False
-            except Exception:  # kept in the graph by the tracer; a failed attempt, the last parsed answer stands
-                rejected = True
+        try:
+            for attempt in range(1, self.attempts + 1):
+                if not rejected and self.check(inputs, {k: getattr(current, k) for k in self.outputs})[0]:
+                    break
+                if split is not None:
+                    static, retriever = split
+                    self.solver.demos = static + retriever.select(inputs, skip=attempt * retriever.k)
+                try:
+                    current, rejected = self.solver(**inputs, config=config), False
+                except Exception:  # kept in the graph by the tracer; a failed attempt, the last parsed answer stands
+                    rejected = True
+        finally:
+            self.solver.demos = shown
         return current
+
+    def _retrieved(self, inputs: dict, shown: list):
+        """``(static demos, retriever)`` when retries should vary the solver's retrieved demos: ``vary_demos`` is on
+        and this run's solver shows exactly its retriever's nearest demos after its static ones (what
+        ``wfc.retrieve.select_demos`` put there); else None (the retries repeat the prompt)."""
+        from wfc.retrieve import DemoRetriever
+
+        retriever = getattr(self.solver, "wfc_retriever", None)
+        if not self.vary_demos or not isinstance(retriever, DemoRetriever) \
+                or not all(f in inputs for f in retriever.query):
+            return None
+        nearest = retriever.select(inputs)
+        if not nearest or len(shown) < len(nearest) or shown[len(shown) - len(nearest):] != nearest:
+            return None
+        return shown[:len(shown) - len(nearest)], retriever

@@ -9,7 +9,8 @@ the trainset's gold labels (``compilers.prompts.retrieval_pools``); the artifact
 Invariants: selection happens once per run, on the run's own copy of the program (``wfc.lower.trace`` and
 ``CompiledProgram.forward`` copy before they select), so the program a user holds never changes and parallel runs
 never see each other's demos; the query is built from the *program's* inputs (the task), so a role called several
-times in a run sees the same demos; a pool entry whose query text equals the run's is never shown (a training
+times in a run sees the same demos (unless its program asks again with other ones on purpose:
+``programs.Retry(vary_demos=True)``); a pool entry whose query text equals the run's is never shown (a training
 example is not its own demo, so no run is handed its gold answer); the same inputs and pool give the same demos
 (ties go to the earlier pool entry).
 """
@@ -73,9 +74,13 @@ class DemoRetriever(BaseModel):
     def text(self, values: Mapping[str, Any]) -> str:
         return "\n".join(str(values.get(f, "")) for f in self.query)
 
-    def select(self, inputs: Mapping[str, Any]) -> list[dspy.Example]:
-        """The demos for a run on the program inputs ``inputs`` (module doc: nearest first, never its own)."""
-        picked = rank(self.text(inputs), [self.text(d) for d in self.pool], self.k)
+    def select(self, inputs: Mapping[str, Any], *, skip: int = 0) -> list[dspy.Example]:
+        """The demos for a run on the program inputs ``inputs`` (module doc: nearest first, never its own).
+        ``skip``: leave out the ``skip`` nearest and give the ``k`` after them (fewer, or none, once the pool runs
+        out): what a program that asks again with other demos shows (``programs.Retry(vary_demos=True)``)."""
+        if skip < 0:
+            raise ValueError(f"skip counts demos left out: >= 0, got {skip}")
+        picked = rank(self.text(inputs), [self.text(d) for d in self.pool], skip + self.k)[skip:]
         return [dspy.Example(**self.pool[i]).with_inputs(*self.query) for i in picked]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import wfc
 from wfc.adapter import CompactChatAdapter
@@ -122,6 +123,35 @@ def test_the_retry_workflow_answers_again_while_the_shown_example_fails(script, 
         script.main(["--program", "retry", "--frozen-fixer"])
     with pytest.raises(SystemExit):
         script.main(["--program", "retry", "--attempts", "-1"])
+    for bad in (["--program", "retry", "--vary-demos"],  # no retrieved demos to vary
+                ["--program", "single", "--vary-demos", "--retrieved-demos", "1"],  # no retries
+                ["--program", "retry", "--sample-retries", "0", "--retrieved-demos", "1"]):  # greedy repeats
+        with pytest.raises(SystemExit):
+            script.main(bad)
+
+
+def test_retry_without_training_retries_trains_the_writer_as_single_does(script, tiny_handle, tmp_path, monkeypatch):
+    """--program retry --no-train-retries: training rollouts answer once, so the compile spends its tokens as
+    --program single does and ends with the same adapter, bit for bit; evaluation still retries (greedy, each retry
+    shown the next-nearest training task)."""
+    from safetensors.torch import load_file
+
+    monkeypatch.chdir(tmp_path)
+    common = ["--model", "tiny", "--retrieved-demos", "1", "--steps", "2", "--n-train", "6", "--n-val", "2",
+              "--n-test", "3", "--examples-per-step", "2", "--group-size", "2", "--max-tokens", "8", "--eval-every",
+              "0", "--set", "dynamic_sampling=false"]
+    single = script.main(["--program", "single", *common])
+    retry = script.main(["--program", "retry", "--attempts", "2", "--no-train-retries", "--vary-demos",
+                         "--sample-retries", "0", *common])
+    assert retry["train_retries"] is False and retry["rollout_tokens"] == single["rollout_tokens"]
+    arts = [tmp_path / "artifacts" / name for name in ("code-single-rag1", "code-retry-2x0-vary-first-rag1")]
+    tensors = [load_file(next(a.glob("adapters/*/adapter_model.safetensors"))) for a in arts]
+    assert tensors[0].keys() == tensors[1].keys()
+    assert all(torch.equal(tensors[0][k], tensors[1][k]) for k in tensors[0])
+    assert retry["writer_after"] == single["after"]  # the same first answers
+    assert retry["revision_calls_after"] == 6  # the tiny model's code never passes its example: 2 retries each
+    with pytest.raises(SystemExit):
+        script.main(["--program", "single", "--no-train-retries"])
 
 
 def test_the_checked_workflow_runs_the_prompts_example_instead_of_a_reviewer(script, tiny_handle, tmp_path,
@@ -262,6 +292,14 @@ def test_a_trained_writer_composes_into_retry_with_its_retrieved_demos(script, t
         loaded.engine.close()
     with pytest.raises(SystemExit):
         compose_check.main([str(tmp_path / "art"), "--retry", "-1"])
+    # greedy retries shown the next-nearest training tasks: same calls, each retry a prompt of its own
+    varied = compose_check.main([str(tmp_path / "art"), "--n-test", "3", "--retry", "2", "--vary-demos",
+                                 "--sample-retries", "0"])
+    assert (varied["vary_demos"], varied["sample_retries"], varied["fixer_calls"]) == (True, None, 6)
+    assert varied["writer"] == result["writer"]
+    for bad in (["--vary-demos"], ["--retry", "2", "--sample-retries", "0"]):
+        with pytest.raises(SystemExit):
+            compose_check.main([str(tmp_path / "art"), *bad])
 
 
 def test_the_checked_workflow_with_a_frozen_fixer_trains_the_writer_alone_on_its_budget(script, tiny_handle,

@@ -151,6 +151,14 @@ def test_retry_samples_its_retries_only_in_greedy_runs(run_temperature, retry_te
     assert [c.temperature for c in g.calls_of("solver")] == [run_temperature] + [retry_temperature] * 2
 
 
+@pytest.mark.parametrize("run_temperature, calls", [(0.7, 1), (0.0, 3)])
+def test_retry_without_training_retries_answers_once_in_sampled_runs(run_temperature, calls, fake_engine):
+    """train_retries=False: a training rollout (sampled) is the first answer alone; a greedy run still retries."""
+    g = trace(Retry(QA, check=is_five, attempts=2, train_retries=False), EXAMPLE,
+              fake_engine(by_system={"Solve": "4"}), sampling=SamplingParams(temperature=run_temperature, max_tokens=8))
+    assert calls_per_role(g) == {"solver": calls} and g.outputs == {"answer": "4"}
+
+
 def test_retry_counts_an_attempt_that_fails_as_failed_and_keeps_the_last_parsed_answer(fake_engine):
     answers = iter(["4", None, "6"])
     checked = []
@@ -177,11 +185,53 @@ def test_retry_counts_an_attempt_that_fails_as_failed_and_keeps_the_last_parsed_
 @pytest.mark.parametrize("options, match", [
     ({"check": None}, "check is a function"), ({"attempts": -1}, "attempts >= 0"), ({"attempts": True}, "attempts"),
     ({"sample_retries": 0}, "sample_retries"), ({"sample_retries": None}, "repeat a greedy answer"),
+    ({"vary_demos": 1}, "vary_demos is True or False"), ({"train_retries": None}, "train_retries is True or False"),
 ])
 def test_retry_refuses_bad_options(options, match):
     with pytest.raises((TypeError, ValueError), match=match):
         Retry(QA, **{"check": is_five, **options})
     Retry(QA, check=is_five, attempts=0, sample_retries=None)  # no retries: no temperature needed
+    Retry(QA, check=is_five, sample_retries=None, vary_demos=True)  # greedy retries differ by their demos
+
+
+def _sums_retriever():
+    from wfc.retrieve import DemoRetriever
+
+    pool = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in ((2, 4), (1, 1), (9, 9))]
+    return DemoRetriever(k=1, query=["question"], pool=pool)
+
+
+def test_retry_with_vary_demos_shows_each_retry_the_next_nearest_demos(fake_engine):
+    """Retry i shows the static demo and the retrieved one ranked after those shown before (for "What is 2 + 3?":
+    "2 + 4" shares "2", then "1 + 1" and "9 + 9" tie on the shared words, the earlier first); once the pool runs out a
+    retry shows the static demos alone. Greedy retries (no sample_retries) keep the run's temperature. The held
+    program's demos never change."""
+    from wfc.retrieve import install
+
+    program = Retry(QA, check=lambda inputs, proposal: (False, "no"), attempts=3, sample_retries=None,
+                    vary_demos=True)
+    static = dspy.Example(question="What is 10 - 1?", answer="9").with_inputs("question")
+    program.solver.demos = [static]
+    install(program, {"solver": _sums_retriever()})
+    g = trace(program, EXAMPLE, fake_engine(by_system={"Solve": "4"}))
+    shown = ["\n".join(m["content"] for m in c.messages) for c in g.calls_of("solver")]
+    assert len(shown) == 4 and all("What is 10 - 1?" in text for text in shown)
+    demos = [[q for q in ("2 + 4", "1 + 1", "9 + 9") if f"What is {q}?" in text] for text in shown]
+    assert demos == [["2 + 4"], ["1 + 1"], ["9 + 9"], []]
+    assert [c.temperature for c in g.calls_of("solver")] == [0.0] * 4
+    assert program.solver.demos == [static]
+
+
+def test_retry_with_vary_demos_and_no_retrieved_demos(fake_engine):
+    """No retriever: retries repeat the prompt, sampled at sample_retries; greedy retries are refused with what to
+    pass, and the run fails rather than answering four times alike."""
+    g = trace(Retry(QA, check=is_five, attempts=2, sample_retries=0.8, vary_demos=True), EXAMPLE,
+              fake_engine(by_system={"Solve": "4"}))
+    first = g.calls_of("solver")[0].messages
+    assert len(g.calls_of("solver")) == 3 and all(c.messages == first for c in g.calls_of("solver"))
+    g = trace(Retry(QA, check=is_five, attempts=2, sample_retries=None, vary_demos=True), EXAMPLE,
+              fake_engine(by_system={"Solve": "4"}))
+    assert g.status == "crash" and "retrieved_demos" in g.error
 
 
 @pytest.mark.parametrize("verdicts, expected", [

@@ -57,6 +57,17 @@ def test_select_picks_the_nearest_and_never_the_run_itself():
     assert dict(demo.inputs()) == {"question": "What is 30 plus 40?"}
 
 
+def test_select_skip_gives_the_next_nearest_then_runs_out():
+    # "What is 7 plus 9?": "7" is rare, so "7 plus 8" (15) is nearest; "1 plus 2" (3) and "30 plus 40" (70) share
+    # only the words every entry has, so they tie and the earlier comes first
+    r = _retriever(k=1)
+    q = {"question": "What is 7 plus 9?"}
+    assert [[d.answer for d in r.select(q, skip=s)] for s in range(4)] == [["15"], ["3"], ["70"], []]
+    assert [d.answer for d in _retriever(k=2).select(q, skip=2)] == ["70"]  # fewer once the pool runs out
+    with pytest.raises(ValueError, match="skip"):
+        r.select(q, skip=-1)
+
+
 def test_select_demos_adds_to_a_copy_after_the_static_demos():
     program = Single(SIG)
     static = dspy.Example(question="q", answer="a").with_inputs("question")
