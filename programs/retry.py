@@ -17,10 +17,10 @@ sharpens the writer onto its remaining wrong answers, so a fresh draw mostly rep
 three trained writers gained +0.056 / +0.000 / +0.013 (one fixed all 7 ``larger`` tasks, one none).
 
 ``vary_demos=True`` (for a solver with retrieved demos, ``wfc.retrieve``: compile with ``retrieved_demos=k``):
-retry ``i`` shows the solver's static demos and the retrieved ones ranked after those the earlier answers were
-shown (the ``k`` nearest after the first ``i * k``), so a retry is asked with other examples, not only drawn again.
-Why: a trained writer's remaining failures repeat under sampling when its nearest demo misleads it (the ``larger``
-tasks, whose nearest demo is ``smaller``); shown the next-nearest instead, it answers them. With it, greedy retries
+each retry shows the solver's static demos and the ``k`` nearest retrieved ones whose answers differ from every demo
+shown before in the run (``DemoRetriever.select(unlike=...)``), so a retry is asked with other examples, not only
+drawn again. Why: a trained writer's remaining failures repeat under sampling when its nearest demo misleads it (the
+``larger`` tasks, whose nearest demo is ``smaller``); shown another example instead, it answers them. With it, greedy retries
 (``sample_retries=None``) differ from each other and are allowed. A run whose solver has no retrieved demos (no
 retriever, or its inputs lack the retriever's query fields) repeats its prompt: without ``sample_retries`` that is
 refused when the run starts, with what to pass.
@@ -95,9 +95,11 @@ class Retry(Program):
             for attempt in range(1, self.attempts + 1):
                 if not rejected and self.check(inputs, {k: getattr(current, k) for k in self.outputs})[0]:
                     break
-                if split is not None:
-                    static, retriever = split
-                    self.solver.demos = static + retriever.select(inputs, skip=attempt * retriever.k)
+                if split is not None:  # other examples: the nearest whose answers none shown so far has
+                    static, retriever, seen = split
+                    retrieved = retriever.select(inputs, unlike=seen + static)
+                    seen += retrieved
+                    self.solver.demos = static + retrieved
                 try:
                     current, rejected = self.solver(**inputs, config=config), False
                 except Exception:  # kept in the graph by the tracer; a failed attempt, the last parsed answer stands
@@ -107,9 +109,9 @@ class Retry(Program):
         return current
 
     def _retrieved(self, inputs: dict, shown: list):
-        """``(static demos, retriever)`` when retries should vary the solver's retrieved demos: ``vary_demos`` is on
-        and this run's solver shows exactly its retriever's nearest demos after its static ones (what
-        ``wfc.retrieve.select_demos`` put there); else None (the retries repeat the prompt)."""
+        """``(static demos, retriever, retrieved demos shown)`` when retries should vary the solver's retrieved
+        demos: ``vary_demos`` is on and this run's solver shows exactly its retriever's nearest demos after its
+        static ones (what ``wfc.retrieve.select_demos`` put there); else None (the retries repeat the prompt)."""
         from wfc.retrieve import DemoRetriever
 
         retriever = getattr(self.solver, "wfc_retriever", None)
@@ -119,4 +121,4 @@ class Retry(Program):
         nearest = retriever.select(inputs)
         if not nearest or len(shown) < len(nearest) or shown[len(shown) - len(nearest):] != nearest:
             return None
-        return shown[:len(shown) - len(nearest)], retriever
+        return shown[:len(shown) - len(nearest)], retriever, list(nearest)

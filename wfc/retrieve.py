@@ -74,14 +74,19 @@ class DemoRetriever(BaseModel):
     def text(self, values: Mapping[str, Any]) -> str:
         return "\n".join(str(values.get(f, "")) for f in self.query)
 
-    def select(self, inputs: Mapping[str, Any], *, skip: int = 0) -> list[dspy.Example]:
+    def select(self, inputs: Mapping[str, Any], *, unlike: Sequence[dspy.Example] = ()) -> list[dspy.Example]:
         """The demos for a run on the program inputs ``inputs`` (module doc: nearest first, never its own).
-        ``skip``: leave out the ``skip`` nearest and give the ``k`` after them (fewer, or none, once the pool runs
-        out): what a program that asks again with other demos shows (``programs.Retry(vary_demos=True)``)."""
-        if skip < 0:
-            raise ValueError(f"skip counts demos left out: >= 0, got {skip}")
-        picked = rank(self.text(inputs), [self.text(d) for d in self.pool], skip + self.k)[skip:]
+        ``unlike``: demos already shown; the ``k`` nearest entries whose answer (every field beyond the query)
+        differs from each of theirs are given instead (fewer, or none, once the pool runs out): what a program that
+        asks again with other examples shows (``programs.Retry(vary_demos=True)``); an entry with a shown demo's
+        answer would show the same solution again."""
+        ranked = rank(self.text(inputs), [self.text(d) for d in self.pool], len(self.pool) if unlike else self.k)
+        seen = {self._answer(dict(d.items())) for d in unlike}
+        picked = [i for i in ranked if self._answer(self.pool[i]) not in seen][:self.k]
         return [dspy.Example(**self.pool[i]).with_inputs(*self.query) for i in picked]
+
+    def _answer(self, entry: Mapping[str, Any]) -> tuple:
+        return tuple(sorted((f, str(v)) for f, v in entry.items() if f not in self.query))
 
 
 def retrievers(program: dspy.Module) -> dict[str, DemoRetriever]:

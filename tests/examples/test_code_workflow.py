@@ -150,6 +150,12 @@ def test_retry_without_training_retries_trains_the_writer_as_single_does(script,
     assert all(torch.equal(tensors[0][k], tensors[1][k]) for k in tensors[0])
     assert retry["writer_after"] == single["after"]  # the same first answers
     assert retry["revision_calls_after"] == 6  # the tiny model's code never passes its example: 2 retries each
+    loaded = wfc.load(arts[1], model="tiny")
+    try:  # the artifact rebuilds the options
+        program = loaded.program
+        assert (program.vary_demos, program.train_retries, program.sample_retries) == (True, False, None)
+    finally:
+        loaded.engine.close()
     with pytest.raises(SystemExit):
         script.main(["--program", "single", "--no-train-retries"])
 

@@ -197,15 +197,16 @@ def test_retry_refuses_bad_options(options, match):
 def _sums_retriever():
     from wfc.retrieve import DemoRetriever
 
-    pool = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in ((2, 4), (1, 1), (9, 9))]
+    pool = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in ((2, 4), (1, 1), (9, 9), (3, 3))]
     return DemoRetriever(k=1, query=["question"], pool=pool)
 
 
-def test_retry_with_vary_demos_shows_each_retry_the_next_nearest_demos(fake_engine):
-    """Retry i shows the static demo and the retrieved one ranked after those shown before (for "What is 2 + 3?":
-    "2 + 4" shares "2", then "1 + 1" and "9 + 9" tie on the shared words, the earlier first); once the pool runs out a
-    retry shows the static demos alone. Greedy retries (no sample_retries) keep the run's temperature. The held
-    program's demos never change."""
+def test_retry_with_vary_demos_shows_each_retry_another_answer(fake_engine):
+    """Each retry shows the static demo and the nearest retrieved one whose answer no demo shown before had. For
+    "What is 2 + 3?" (TF-IDF over 4 entries: idf 1 for "what"/"is", 1.916 for a number in one entry): "3 + 3"
+    (cosine 0.748, "3" twice) then "2 + 4" (0.607), then "1 + 1" and "9 + 9" tie (0.160), the earlier first. "2 + 4"
+    answers 6 as "3 + 3" did, so it is passed over; once no other answer is left a retry shows the static demo
+    alone. Greedy retries (no sample_retries) keep the run's temperature. The held program's demos never change."""
     from wfc.retrieve import install
 
     program = Retry(QA, check=lambda inputs, proposal: (False, "no"), attempts=3, sample_retries=None,
@@ -216,8 +217,8 @@ def test_retry_with_vary_demos_shows_each_retry_the_next_nearest_demos(fake_engi
     g = trace(program, EXAMPLE, fake_engine(by_system={"Solve": "4"}))
     shown = ["\n".join(m["content"] for m in c.messages) for c in g.calls_of("solver")]
     assert len(shown) == 4 and all("What is 10 - 1?" in text for text in shown)
-    demos = [[q for q in ("2 + 4", "1 + 1", "9 + 9") if f"What is {q}?" in text] for text in shown]
-    assert demos == [["2 + 4"], ["1 + 1"], ["9 + 9"], []]
+    demos = [[q for q in ("2 + 4", "1 + 1", "9 + 9", "3 + 3") if f"What is {q}?" in text] for text in shown]
+    assert demos == [["3 + 3"], ["1 + 1"], ["9 + 9"], []]
     assert [c.temperature for c in g.calls_of("solver")] == [0.0] * 4
     assert program.solver.demos == [static]
 

@@ -57,15 +57,22 @@ def test_select_picks_the_nearest_and_never_the_run_itself():
     assert dict(demo.inputs()) == {"question": "What is 30 plus 40?"}
 
 
-def test_select_skip_gives_the_next_nearest_then_runs_out():
-    # "What is 7 plus 9?": "7" is rare, so "7 plus 8" (15) is nearest; "1 plus 2" (3) and "30 plus 40" (70) share
-    # only the words every entry has, so they tie and the earlier comes first
-    r = _retriever(k=1)
+def test_select_unlike_passes_over_answers_already_shown():
+    # "What is 7 plus 9?": "7" is rare, so "7 plus 8" (15) is nearest; "1 plus 2" (3), "30 plus 40" (70) and
+    # "5 plus 10" (15) share only the words every entry has, so they tie and the earlier comes first
+    pool = [{"question": f"What is {a} plus {b}?", "answer": str(a + b)} for a, b in ((1, 2), (7, 8), (30, 40), (5, 10))]
+    r = DemoRetriever(k=1, query=["question"], pool=pool)
     q = {"question": "What is 7 plus 9?"}
-    assert [[d.answer for d in r.select(q, skip=s)] for s in range(4)] == [["15"], ["3"], ["70"], []]
-    assert [d.answer for d in _retriever(k=2).select(q, skip=2)] == ["70"]  # fewer once the pool runs out
-    with pytest.raises(ValueError, match="skip"):
-        r.select(q, skip=-1)
+    shown = r.select(q)
+    assert [d.answer for d in shown] == ["15"]
+    assert [d.answer for d in r.select(q, unlike=shown)] == ["3"]
+    shown += r.select(q, unlike=shown)
+    # "30 plus 40" and "5 plus 10" tie; "5 plus 10" would show the answer 15 again, so it is never picked
+    assert [d.answer for d in r.select(q, unlike=shown)] == ["70"]
+    shown += r.select(q, unlike=shown)
+    assert r.select(q, unlike=shown) == []  # the pool has no other answer left
+    two = DemoRetriever(k=2, query=["question"], pool=pool)
+    assert [d.answer for d in two.select(q, unlike=two.select(q))] == ["70"]  # fewer once the pool runs out
 
 
 def test_select_demos_adds_to_a_copy_after_the_static_demos():
