@@ -14,7 +14,7 @@ per-task scores.
     python benchmarks/compose_check.py artifacts/code-evalopt --role generator
     python benchmarks/compose_check.py artifacts/code-single-rag1 --retry 4   # demos and retriever carried over
     python benchmarks/compose_check.py artifacts/code-single-rag1 --retry 4 --vary-demos --sample-retries 0
-                                                          # each greedy retry shown the next-nearest training task
+                                                          # each greedy retry shown another solution's task
 """
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--sample-retries", type=float, default=0.8,
                     help="the retries' temperature; 0: greedy (with --vary-demos only)")
     ap.add_argument("--vary-demos", action="store_true",
-                    help="each retry is shown the next-nearest retrieved demos (Retry(vary_demos=True)); needs an "
-                         "artifact trained with retrieved demos")
+                    help="each retry is shown the nearest retrieved demos whose solutions no earlier prompt showed "
+                         "(Retry(vary_demos=True)); needs an artifact trained with retrieved demos")
     ap.add_argument("--out", type=Path, default=None, help="write the result, per-task scores included, as JSON")
     args = ap.parse_args(argv)
     if args.retry < 0:

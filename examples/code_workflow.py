@@ -30,8 +30,8 @@ step's peak 12.7 -> 9.0 GB, its update 37% slower). The script is the template f
                                                                   # answers again (programs.Retry; sampled at
                                                                   # --sample-retries in greedy runs)
     python examples/code_workflow.py --program retry --retrieved-demos 1 --vary-demos --sample-retries 0
-                                                                  # ... each retry shown the next-nearest training
-                                                                  # task instead, greedy
+                                                                  # ... each retry shown the nearest training task
+                                                                  # with another solution instead, greedy
 
 Held-out tasks whose gold solution is also a training task's (the functions without parameters, and repeated
 parameters) are scored apart in ``summary.json`` (``unseen``: accuracy on the rest), since a retrieved demo of such
@@ -193,8 +193,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="Retry: training rollouts answer once (Retry(train_retries=False)), so the compile trains "
                          "the writer as --program single does and only validation and evaluation retry")
     ap.add_argument("--vary-demos", action="store_true",
-                    help="Retry with --retrieved-demos: each answer after the first is shown the next-nearest "
-                         "training tasks instead (Retry(vary_demos=True))")
+                    help="Retry with --retrieved-demos: each answer after the first is shown the nearest training "
+                         "tasks whose solutions no earlier prompt showed (Retry(vary_demos=True))")
     ap.add_argument("--choose-verdict", action="store_true",
                     help="the reviewer chooses 'correct' or 'incorrect' (EvalOpt(choose_verdict=True)) instead of "
                          "writing a verdict")

@@ -20,8 +20,11 @@ three trained writers gained +0.056 / +0.000 / +0.013 (one fixed all 7 ``larger`
 each retry shows the solver's static demos and the ``k`` nearest retrieved ones whose answers differ from every demo
 shown before in the run (``DemoRetriever.select(unlike=...)``), so a retry is asked with other examples, not only
 drawn again. Why: a trained writer's remaining failures repeat under sampling when its nearest demo misleads it (the
-``larger`` tasks, whose nearest demo is ``smaller``); shown another example instead, it answers them. With it, greedy retries
-(``sample_retries=None``) differ from each other and are allowed. A run whose solver has no retrieved demos (no
+``larger`` tasks, whose nearest demo is ``smaller``); shown another example instead, it answers them. Measured
+(stop 45, 4 greedy retries, the three writers compiled alone with retrieved demos): **+0.0625** on each seed (10 of
+160 held-out tasks fixed, none broken: every ``larger`` task), against +0.031 to +0.038 for the next-nearest demos
+and +0.000 to +0.019 for sampled draws of the same prompt. With it, greedy retries (``sample_retries=None``) differ
+from each other and are allowed. A run whose solver has no retrieved demos (no
 retriever, or its inputs lack the retriever's query fields) repeats its prompt: without ``sample_retries`` that is
 refused when the run starts, with what to pass.
 

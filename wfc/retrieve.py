@@ -76,13 +76,20 @@ class DemoRetriever(BaseModel):
 
     def select(self, inputs: Mapping[str, Any], *, unlike: Sequence[dspy.Example] = ()) -> list[dspy.Example]:
         """The demos for a run on the program inputs ``inputs`` (module doc: nearest first, never its own).
-        ``unlike``: demos already shown; the ``k`` nearest entries whose answer (every field beyond the query)
-        differs from each of theirs are given instead (fewer, or none, once the pool runs out): what a program that
+        ``unlike``: demos already shown; the ``k`` nearest entries whose answers (every field beyond the query)
+        differ from each of theirs and from each other are given instead (fewer, or none, once the pool runs out): what a program that
         asks again with other examples shows (``programs.Retry(vary_demos=True)``); an entry with a shown demo's
         answer would show the same solution again."""
-        ranked = rank(self.text(inputs), [self.text(d) for d in self.pool], len(self.pool) if unlike else self.k)
-        seen = {self._answer(dict(d.items())) for d in unlike}
-        picked = [i for i in ranked if self._answer(self.pool[i]) not in seen][:self.k]
+        if not unlike:
+            picked = rank(self.text(inputs), [self.text(d) for d in self.pool], self.k)
+        else:  # in rank order, each answer once, none of the shown ones
+            seen, picked = {self._answer(dict(d.items())) for d in unlike}, []
+            for i in rank(self.text(inputs), [self.text(d) for d in self.pool], len(self.pool)):
+                if len(picked) == self.k:
+                    break
+                if self._answer(self.pool[i]) not in seen:
+                    seen.add(self._answer(self.pool[i]))
+                    picked.append(i)
         return [dspy.Example(**self.pool[i]).with_inputs(*self.query) for i in picked]
 
     def _answer(self, entry: Mapping[str, Any]) -> tuple:

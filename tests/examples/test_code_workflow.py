@@ -133,7 +133,7 @@ def test_the_retry_workflow_answers_again_while_the_shown_example_fails(script, 
 def test_retry_without_training_retries_trains_the_writer_as_single_does(script, tiny_handle, tmp_path, monkeypatch):
     """--program retry --no-train-retries: training rollouts answer once, so the compile spends its tokens as
     --program single does and ends with the same adapter, bit for bit; evaluation still retries (greedy, each retry
-    shown the next-nearest training task)."""
+    shown the nearest training task with another solution)."""
     from safetensors.torch import load_file
 
     monkeypatch.chdir(tmp_path)
@@ -298,7 +298,7 @@ def test_a_trained_writer_composes_into_retry_with_its_retrieved_demos(script, t
         loaded.engine.close()
     with pytest.raises(SystemExit):
         compose_check.main([str(tmp_path / "art"), "--retry", "-1"])
-    # greedy retries shown the next-nearest training tasks: same calls, each retry a prompt of its own
+    # greedy retries shown the nearest training tasks with other solutions: same calls, each retry a prompt of its own
     varied = compose_check.main([str(tmp_path / "art"), "--n-test", "3", "--retry", "2", "--vary-demos",
                                  "--sample-retries", "0"])
     assert (varied["vary_demos"], varied["sample_retries"], varied["fixer_calls"]) == (True, None, 6)

@@ -73,6 +73,10 @@ def test_select_unlike_passes_over_answers_already_shown():
     assert r.select(q, unlike=shown) == []  # the pool has no other answer left
     two = DemoRetriever(k=2, query=["question"], pool=pool)
     assert [d.answer for d in two.select(q, unlike=two.select(q))] == ["70"]  # fewer once the pool runs out
+    # one selection shows each answer once: with "5 plus 10" ahead of "30 plus 40" in the pool, the two nearest
+    # answers other than "3" would be 15 twice
+    reordered = DemoRetriever(k=2, query=["question"], pool=[pool[0], pool[1], pool[3], pool[2]])
+    assert [d.answer for d in reordered.select(q, unlike=[r.select(q, unlike=shown[:1])[0]])] == ["15", "70"]
 
 
 def test_select_demos_adds_to_a_copy_after_the_static_demos():
