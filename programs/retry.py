@@ -25,8 +25,9 @@ drawn again. Why: a trained writer's remaining failures repeat under sampling wh
 160 held-out tasks fixed, none broken: every ``larger`` task), against +0.031 to +0.038 for the next-nearest demos
 and +0.000 to +0.019 for sampled draws of the same prompt. With it, greedy retries (``sample_retries=None``) differ
 from each other and are allowed. A run whose solver has no retrieved demos (no
-retriever, or its inputs lack the retriever's query fields) repeats its prompt: without ``sample_retries`` that is
-refused when the run starts, with what to pass.
+retriever, or its inputs lack the retriever's query fields) repeats its prompt, sampled at ``sample_retries``;
+without it the retries would repeat the first answer, so the run answers once (the uncompiled program, before
+``compile`` installs its retrieved demos, is ``Single``).
 
 ``train_retries=False``: training rollouts (sampled runs) answer once, so compiling spends the whole budget on
 first answers and trains the solver exactly as compiling ``Single`` would (same rollouts, same update); greedy runs
@@ -87,10 +88,10 @@ class Retry(Program):
             return self.solver(**inputs)
         shown = list(self.solver.demos)
         split = self._retrieved(inputs, shown)
-        if self.attempts and split is None and self.sample_retries is None:
-            raise ValueError("Retry(vary_demos=True, sample_retries=None) found no retrieved demos on its solver to "
-                             "vary, so every retry would repeat the greedy answer: compile with retrieved_demos=k, "
-                             "or pass sample_retries=T")
+        if split is None and self.sample_retries is None:
+            # nothing to vary and no temperature: every retry would repeat the first answer (an uncompiled program
+            # has no retrieved demos yet: compile installs them), so it stands alone
+            return self.solver(**inputs)
         config = greedy_run_config(self.solver, self.sample_retries)
         current = self.solver(**inputs)
         rejected = False  # whether `current` has been checked and rejected already
