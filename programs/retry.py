@@ -7,8 +7,9 @@ role, ``solver`` (the same path as ``Single``'s, so an adapter trained on either
 
 ``sample_retries=T``: in a greedy run (evaluation, ``wfc.load``, serving) the retries sample at temperature ``T``, so
 a retry can differ from the greedy answer that failed (``programs._sampling``: in training rollouts every call keeps
-the run's temperature). The first answer always follows the run's own settings. Without ``sample_retries`` a greedy
-run's retries repeat the first answer, so they are refused: pass it, or use ``attempts=0``.
+the run's temperature). The first answer always follows the run's own settings. Without ``sample_retries`` (and without
+``vary_demos``, below) a greedy run's retries repeat the first answer, so they are refused: pass it, or use
+``attempts=0``.
 
 What it buys, measured on the generated code tasks (SmolLM2-135M, ``wfc.tasks.visible.example_check``, 4 attempts
 at T=0.8; docs/results.md, stop 44): on the untrained writer, 0.569 -> 0.681 (18 of the 56 tasks it retried
@@ -96,7 +97,7 @@ class Retry(Program):
         current = self.solver(**inputs)
         rejected = False  # whether `current` has been checked and rejected already
         try:
-            for attempt in range(1, self.attempts + 1):
+            for _ in range(self.attempts):
                 if not rejected and self.check(inputs, {k: getattr(current, k) for k in self.outputs})[0]:
                     break
                 if split is not None:  # other examples: the nearest whose answers none shown so far has
@@ -119,8 +120,7 @@ class Retry(Program):
         from wfc.retrieve import DemoRetriever
 
         retriever = getattr(self.solver, "wfc_retriever", None)
-        if not self.vary_demos or not isinstance(retriever, DemoRetriever) \
-                or not all(f in inputs for f in retriever.query):
+        if not self.vary_demos or not isinstance(retriever, DemoRetriever) or not retriever.applies(inputs):
             return None
         nearest = retriever.select(inputs)
         if not nearest or len(shown) < len(nearest) or shown[len(shown) - len(nearest):] != nearest:

@@ -71,6 +71,11 @@ class DemoRetriever(BaseModel):
     query: list[str] = Field(min_length=1, description="the role's input fields, read off the program's inputs")
     pool: list[dict[str, Any]]
 
+    def applies(self, inputs: Mapping[str, Any]) -> bool:
+        """Whether ``inputs`` are this retriever's task (they hold every query field); a compiled program nested in
+        another, called from inside the outer one's run, gets no retrieved demos rather than arbitrary ones."""
+        return all(f in inputs for f in self.query)
+
     def text(self, values: Mapping[str, Any]) -> str:
         return "\n".join(str(values.get(f, "")) for f in self.query)
 
@@ -117,9 +122,7 @@ def select_demos(program: dspy.Module, inputs: Mapping[str, Any]) -> None:
     ones for ``inputs``. Call it once per copy (a second call would add a second set)."""
     for _, p in program.named_predictors():
         retriever = getattr(p, "wfc_retriever", None)
-        # inputs without the query fields are not this retriever's task (a compiled program nested in another,
-        # called from inside the outer one's run): no retrieved demos rather than arbitrary ones
-        if isinstance(retriever, DemoRetriever) and all(f in inputs for f in retriever.query):
+        if isinstance(retriever, DemoRetriever) and retriever.applies(inputs):
             p.demos = list(p.demos) + retriever.select(inputs)
 
 
