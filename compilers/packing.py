@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from wfc.attention import GQA_SDPA
+from wfc.constrain import unpack
 
 Group = tuple[Sequence[int], Sequence[Sequence[int]]]
 
@@ -130,6 +131,9 @@ class _Batch:
     cols: torch.Tensor  # (K,) column of each predicting position
     targets: torch.Tensor  # (K,) the token it predicts
     lengths: list[int]  # completion lengths in output order; sum == K
+    # grammar-constrained positions (wfc.constrain): their indices among the K, and each one's allowed-token bitmask
+    mask_index: torch.Tensor | None = None  # (M,)
+    bitmask: torch.Tensor | None = None  # (M, W) int32
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -163,11 +167,16 @@ def _token_logprobs(model: torch.nn.Module, batch: _Batch, *, fast: bool | None 
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
+    if batch.mask_index is not None:  # the grammar's masked distribution at constrained positions (wfc.constrain)
+        allowed = unpack(batch.bitmask, logits.shape[-1]).to(logits.device)
+        idx = batch.mask_index.to(logits.device)
+        logits = logits.index_put((idx,), logits[idx].masked_fill(~allowed, float("-inf")))
     logp = torch.log_softmax(logits, dim=-1)
     picked = logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
     if not entropy:
         return picked
-    return torch.stack([picked, -(logp.exp() * logp).sum(-1)], dim=-1)
+    # masked-out tokens have p = 0 and log p = -inf: they add 0 to the entropy (not 0 * -inf = nan)
+    return torch.stack([picked, -(logp.exp() * logp.masked_fill(torch.isinf(logp), 0.0)).sum(-1)], dim=-1)
 
 
 def _run(
@@ -268,12 +277,17 @@ def packed_mask(segments: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
 
 
-def _packed_batch(groups: list[Group], device, dtype: torch.dtype) -> _Batch:
+Masks = Sequence[Sequence["tuple[int, torch.Tensor] | None"]]  # per group, per completion: (offset, (R', W) bitmask)
+
+
+def _packed_batch(groups: list[Group], device, dtype: torch.dtype, masks: Masks | None = None) -> _Batch:
     T = max(packed_length(g) for g in groups)
     ids = torch.zeros(len(groups), T, dtype=torch.long)  # pad id is irrelevant: padding is masked out
     seg = torch.full((len(groups), T), -1, dtype=torch.long)
     pos = torch.zeros(len(groups), T, dtype=torch.long)
     rows, cols, targets, lengths = [], [], [], []
+    mask_index: list[int] = []
+    bitmasks: list[torch.Tensor] = []
     for b, (prompt, comps) in enumerate(groups):
         P = len(prompt)
         ids[b, :P] = torch.tensor(list(prompt), dtype=torch.long)
@@ -288,6 +302,11 @@ def _packed_batch(groups: list[Group], device, dtype: torch.dtype) -> _Batch:
             # c_0 is predicted by the last prompt token, c_t by c_{t-1} at column start + t - 1.
             rows += [b] * R
             cols += [P - 1, *range(start, start + R - 1)][:R]
+            mask = masks[b][i] if masks is not None else None
+            if mask is not None:  # positions offset.. of this completion are constrained
+                offset, bits = mask
+                mask_index += range(len(targets) + offset, len(targets) + offset + bits.shape[0])
+                bitmasks.append(bits)
             targets += comp
             lengths.append(R)
             start += R
@@ -299,6 +318,8 @@ def _packed_batch(groups: list[Group], device, dtype: torch.dtype) -> _Batch:
         cols=torch.tensor(cols, dtype=torch.long, device=device),
         targets=torch.tensor(targets, dtype=torch.long, device=device),
         lengths=lengths,
+        mask_index=torch.tensor(mask_index, dtype=torch.long) if bitmasks else None,
+        bitmask=torch.cat(bitmasks) if bitmasks else None,
     )
 
 
@@ -310,8 +331,11 @@ def packed_logprobs(
     fast: bool | None = None,
     temperature: float = 1.0,
     entropy: bool = False,
+    masks: Masks | None = None,
 ) -> list[list[torch.Tensor]]:
     """Per-token completion log-probs with each group packed into one row (see the module doc).
+    ``masks`` (parallel to each group's completions): ``(offset, bitmask)`` for a completion decoded under a grammar,
+    whose positions ``offset..`` then take log-probs under the masked distribution (``wfc.constrain``); None: free.
 
     Groups are batched up to ``token_budget`` padded tokens per micro-batch (``rows * max_len``); a group longer
     than the budget runs alone. The result has the structure of :func:`naive_logprobs` and equals it to float
@@ -325,5 +349,6 @@ def packed_logprobs(
     batches = []
     for mb in plan:
         keys = [(g, i) for g in mb for i in range(len(groups[g][1]))]
-        batches.append((keys, _packed_batch([groups[g] for g in mb], device, dtype)))
+        batches.append((keys, _packed_batch([groups[g] for g in mb], device, dtype,
+                                            [masks[g] for g in mb] if masks is not None else None)))
     return _run(model, batches, [len(c) for _, c in groups], fast, temperature, entropy)

@@ -45,6 +45,7 @@ from compilers.guards import balance_weights, member_key, role_mass
 from compilers.loss import policy_loss
 from compilers.offpolicy import merge_mismatch, mismatch_stats, truncated_importance_weights
 from compilers.packing import ATTENTION_TOKENS, packed_length, packed_logprobs, plan_microbatches, row_cost
+from wfc.constrain import GrammarMasks, forced
 
 # A pack joins a micro-batch only when it is at least this share of the batch's longest pack: the quadratic cost
 # merges a step's aggregator rows into packs of a few hundred tokens plus a short remainder, which padded to the
@@ -62,6 +63,14 @@ class Row:
     weight: float = 1.0
     engine_logprobs: list[float] | None = None  # what the rollout engine reported while sampling (None: unknown)
     choices: list[list[int]] | None = None  # a choice call's every choice as token ids (None: free text)
+    grammar: str | None = None  # the grammar the call was decoded under (wfc.constrain); None: unconstrained
+    bitmask: torch.Tensor | None = None  # (R, W) the grammar's allowed tokens at each position (attach_masks)
+    free: list[bool] | None = None  # per token: the grammar left a choice (False: forced, no weight); None: all free
+
+    @property
+    def free_tokens(self) -> int:
+        """Completion tokens that carry weight in the loss (forced tokens do not)."""
+        return len(self.completion_ids) if self.free is None else sum(self.free)
 
 
 def rows_from_groups(groups: Sequence[Group], role_adapters: dict[str, str], *,
@@ -80,8 +89,17 @@ def rows_from_groups(groups: Sequence[Group], role_adapters: dict[str, str], *,
                 known = m.call.logprobs_known and len(m.call.logprobs) == len(m.call.completion_ids)
                 lps = list(m.call.logprobs) if known else None
                 rows.append(Row(role_adapters[g.role], g.role, tuple(m.call.prompt_ids), list(m.call.completion_ids),
-                                float(a), w, lps, m.call.choice_ids))
+                                float(a), w, lps, m.call.choice_ids, m.call.grammar))
     return rows
+
+
+def attach_masks(rows: Sequence[Row], masks: GrammarMasks) -> None:
+    """Give every row decoded under a grammar its bitmask and forced-token flags, replayed over its completion with
+    the engine's own function (``wfc.constrain.GrammarMasks.replay``), so trainer and engine mask alike."""
+    for r in rows:
+        if r.grammar is not None and r.bitmask is None:
+            r.bitmask = masks.replay(r.grammar, r.completion_ids)
+            r.free = (~forced(r.bitmask)).tolist()
 
 
 def adapter_parameters(model, adapter: str) -> list[torch.nn.Parameter]:
@@ -243,6 +261,7 @@ class _Part:
     plan: list[list[int]]
     old: dict[int, list[torch.Tensor]]
     alts: list[list[tuple[int, int]]]  # per pack, per row: (first, count) of its alternatives among the completions
+    masks: list[list[tuple[int, torch.Tensor] | None]]  # per pack, per completion: (tail length, bitmask) or None
 
 
 def _part(rows: list[Row], token_budget: int, distributed: Distributed) -> _Part:
@@ -250,18 +269,21 @@ def _part(rows: list[Row], token_budget: int, distributed: Distributed) -> _Part
     completions are its rows' (prompt tail + completion), then each choice row's alternatives after the same tail,
     scored for nothing but that row's normaliser (:func:`_completion_logprobs`)."""
     packs = distributed.shard(_packs(rows))
-    groups, alts = [], []
+    groups, alts, masks = [], [], []
     for p, idx in packs:
         completions = [_tail(rows[i], p) + rows[i].completion_ids for i in idx]
+        masked = [(len(_tail(rows[i], p)), rows[i].bitmask) if rows[i].bitmask is not None else None for i in idx]
         placed = []
         for i in idx:
             others = _alternatives(rows[i])
             placed.append((len(completions), len(others)))
             completions += [_tail(rows[i], p) + c for c in others]
+            masked += [None] * len(others)
         groups.append((list(p), completions))
         alts.append(placed)
+        masks.append(masked)
     plan = plan_microbatches([packed_length(g) for g in groups], token_budget, min_fill=MIN_FILL)
-    return _Part(rows, packs, groups, plan, {}, alts)
+    return _Part(rows, packs, groups, plan, {}, alts, masks)
 
 
 def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], total_tokens: int, total_rows: int,
@@ -277,9 +299,10 @@ def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], tot
     temperature = config.temperature
     for mb in part.plan:
         mb_groups = [part.groups[g] for g in mb]
+        mb_masks = [part.masks[g] for g in mb]
         lps = packed_logprobs(model, mb_groups, token_budget=1 << 30, temperature=temperature,
-                              entropy=entropy_coef > 0)
-        flat, flat_old, flat_engine, adv, weights, flat_ent = [], [], [], [], [], []
+                              entropy=entropy_coef > 0, masks=mb_masks)
+        flat, flat_old, flat_engine, adv, weights, flat_ent, flat_free = [], [], [], [], [], [], []
         for g, group_lps in zip(mb, lps):
             for j, (i, t) in enumerate(zip(part.packs[g][1], _completion_logprobs(part, g, group_lps))):
                 if entropy_coef > 0:  # (n, 2): log-prob, entropy
@@ -294,7 +317,10 @@ def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], tot
                                    else old_t.detach())
                 adv.append(part.rows[i].advantage)
                 weights.append(weight(part.rows[i]))
+                free = part.rows[i].free
+                flat_free.append(torch.tensor(free if free is not None else [True] * t.shape[0], device=t.device))
         logprobs, mask = _pad(flat)
+        mask = mask & _pad(flat_free)[0]  # forced tokens (wfc.constrain) carry no weight
         old_lp, _ = _pad(flat_old)
         engine_lp, _ = _pad(flat_engine)
         if mismatch is not None:
@@ -305,7 +331,8 @@ def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], tot
         ref = None
         if config.beta > 0:
             with torch.no_grad(), model.disable_adapter():
-                ref_lps = packed_logprobs(model, mb_groups, token_budget=1 << 30, temperature=temperature)
+                ref_lps = packed_logprobs(model, mb_groups, token_budget=1 << 30, temperature=temperature,
+                                          masks=mb_masks)
             ref, _ = _pad([t for g, group in zip(mb, ref_lps) for t in _completion_logprobs(part, g, group)])
         loss, st = policy_loss(
             logprobs, old_lp, torch.tensor(adv, device=logprobs.device), mask, aggregation=config.loss_aggregation,
@@ -345,7 +372,7 @@ def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, 
                              "roles": {}}
     if not rows:
         return stats
-    total_tokens = sum(len(r.completion_ids) for r in rows)
+    total_tokens = max(sum(r.free_tokens for r in rows), 1)  # every token forced: no loss, and no 0 / 0
     total_rows = len(rows)
     max_tokens = max(len(r.completion_ids) for r in rows)
     coefs = entropy_coefs or {}
@@ -366,7 +393,8 @@ def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, 
             for part in parts.values():
                 for mb in part.plan:
                     for g, lps in zip(mb, packed_logprobs(model, [part.groups[g] for g in mb], token_budget=1 << 30,
-                                                          temperature=config.temperature)):
+                                                          temperature=config.temperature,
+                                                          masks=[part.masks[g] for g in mb])):
                         part.old[g] = [t.detach() for t in _completion_logprobs(part, g, lps)]
 
     def weight(r: Row) -> float:
@@ -428,6 +456,8 @@ def update(policy, optimizers: AdapterOptimizers, groups: Sequence[Group], role_
     ``entropy_coefs``: role -> entropy-bonus coefficient (see :func:`update_adapter`).
     """
     rows = rows_from_groups(groups, role_adapters, weights=weights)
+    if any(r.grammar is not None for r in rows):
+        attach_masks(rows, policy.grammar_masks)
     unit = "rows" if config.loss_aggregation == "sequence" else "tokens"
     out = {}
     with policy.training() as model:

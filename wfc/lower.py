@@ -38,15 +38,38 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Mapping
 
 import dspy
+from pydantic import BaseModel, ConfigDict, Field
 from dspy.lm15 import Message, Response, TextPart, Usage
 from dspy.utils.exceptions import AdapterParseError
 
 from wfc.adapter import CompactChatAdapter
+from wfc.constrain import DEFAULT_FIELD_TOKENS, react_tools, signature_grammar
 from wfc.engines.base import Engine, GenerationRequest, SamplingParams
 from wfc.retrieve import select_demos
 from wfc.rollout import CallNode, RolloutGraph
 
 RoleAdapters = Mapping[str, str | None]
+
+
+class Decoding(BaseModel):
+    """How calls are decoded beyond sampling. ``structured``: every call follows its signature's grammar
+    (``wfc.constrain``), so it parses by construction; ``field_tokens``: a free-text output field's token budget,
+    unless the field declares its own (``dspy.OutputField(max_tokens=N)``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    structured: bool = True
+    field_tokens: int = Field(DEFAULT_FIELD_TOKENS, ge=1)
+
+
+def field_budgets(signature, default: int) -> dict[str, int]:
+    """Each output field's free-text budget: its own ``max_tokens`` (``dspy.OutputField(max_tokens=N)``) or
+    ``default``."""
+    budgets = {}
+    for name, info in signature.output_fields.items():
+        extra = info.json_schema_extra or {}
+        budgets[name] = int(extra.get("max_tokens", default))
+    return budgets
 
 # the fan-out branch a call is made in: () outside any parallel_map, (i,) in item i, (i, j) in a nested one
 _BRANCH: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar("wfc_branch", default=())
@@ -148,8 +171,11 @@ class RoleEngine:
     """DSPy engine object for one role of one rollout: routes to the wfc engine and records a CallNode per call."""
 
     def __init__(self, engine: Engine, role: str, adapter: str | None, signature, sampling: SamplingParams,
-                 recorder: _Recorder | None, stop: bool = False):
+                 recorder: _Recorder | None, stop: bool = False, *, decoding: Decoding = Decoding(),
+                 tools: Mapping[str, Mapping[str, Any]] | None = None):
         self.engine = engine
+        self.decoding = decoding
+        self.tools = tools  # a ReAct role's tools (name -> JSON schema of the arguments): one grammar branch each
         self.stop = stop  # the run ends at this role's first call (trace's stop_roles)
         self.role = role
         self.adapter = adapter
@@ -171,11 +197,14 @@ class RoleEngine:
             # that value (the compact adapter's single-output format)
             "choices": parser.choices(self.signature) if isinstance(parser, CompactChatAdapter) else (),
         })
+        grammar = None if sampling.choices else self.grammar(parser, sampling.max_tokens)
         node = self.recorder.start(self.role, self.adapter, messages, sampling.temperature) if self.recorder else None
+        if node is not None:
+            node.grammar = grammar
         seed = self.recorder.seed_of(node) if node is not None else None
         try:
             gen = self.engine.submit(GenerationRequest(messages=tuple(messages), adapter=self.adapter,
-                                                       sampling=sampling, seed=seed)).result()
+                                                       sampling=sampling, seed=seed, grammar=grammar)).result()
         except Exception as exc:
             if node is not None:
                 node.status, node.error = "crash", f"{type(exc).__name__}: {exc}"
@@ -202,6 +231,13 @@ class RoleEngine:
                         # DSPy would only log a warning per call
                         finish_reason="stop", usage=usage)
 
+    def grammar(self, parser, max_tokens: int) -> str | None:
+        """The grammar this role's calls follow under ``parser`` (None: unconstrained; ``wfc.constrain``)."""
+        if not self.decoding.structured:
+            return None
+        return signature_grammar(self.signature, parser, max_tokens=max_tokens, tools=self.tools,
+                                 field_tokens=field_budgets(self.signature, self.decoding.field_tokens))
+
     @staticmethod
     def _parser():
         """The DSPy adapter that formats and parses this call (DSPy's setting, else the compact one)."""
@@ -218,18 +254,31 @@ class RoleEngine:
 
 def bind(program: dspy.Module, engine: Engine, *, adapters: RoleAdapters | None = None,
          sampling: SamplingParams | Mapping[str, SamplingParams] = SamplingParams(),
-         recorder: _Recorder | None = None, stop_roles: Iterable[str] = ()) -> dspy.Module:
+         recorder: _Recorder | None = None, stop_roles: Iterable[str] = (),
+         decoding: Decoding = Decoding()) -> dspy.Module:
     """Give every predictor of ``program`` (in place) its own LM handle on ``engine``; returns ``program``. A call
-    of a role in ``stop_roles`` raises :class:`RolloutStop` instead of generating."""
+    of a role in ``stop_roles`` raises :class:`RolloutStop` instead of generating. ``decoding``: structured
+    decoding settings of every role (:class:`Decoding`)."""
     adapters = adapters or {}
     stop_roles = frozenset(stop_roles)
+    tools = _react_tools(program)
     for path, predictor in roles(program).items():
         role_sampling = sampling.get(path, SamplingParams()) if isinstance(sampling, Mapping) else sampling
         role_engine = RoleEngine(engine, path, adapters.get(path), predictor.signature, role_sampling, recorder,
-                                 stop=path in stop_roles)
+                                 stop=path in stop_roles, decoding=decoding, tools=tools.get(id(predictor)))
         predictor.lm = dspy.LM(model=f"wfc/{path}", engine=role_engine, cache=False, num_retries=0,
                                temperature=role_sampling.temperature, max_tokens=role_sampling.max_tokens)
     return program
+
+
+def _react_tools(program: dspy.Module) -> dict[int, dict[str, dict[str, Any]]]:
+    """id of each ``dspy.ReAct``'s ``react`` predictor -> that agent's tools (``wfc.constrain.react_tools``)."""
+    found = {}
+    for _, module in [("", program), *program.named_sub_modules()]:
+        tools = react_tools(module)
+        if tools is not None:
+            found[id(module.react)] = tools
+    return found
 
 
 def _prediction_dict(prediction: Any) -> dict[str, Any] | None:
@@ -246,7 +295,7 @@ def trace(program: dspy.Module, example: dspy.Example | Mapping[str, Any], engin
           adapters: RoleAdapters | None = None,
           sampling: SamplingParams | Mapping[str, SamplingParams] = SamplingParams(),
           adapter: dspy.Adapter | None = None, seed: int | None = None,
-          stop_roles: Iterable[str] = ()) -> RolloutGraph:
+          stop_roles: Iterable[str] = (), decoding: Decoding = Decoding()) -> RolloutGraph:
     """Run ``program`` once on ``example`` and return its rollout graph. Never raises for a failing run: a format
     error or a crash becomes the rollout's status, with every call made up to that point kept. ``seed``: every
     sampled call gets its own seed derived from it (module doc), so the run repeats. ``stop_roles``: the run ends
@@ -255,7 +304,7 @@ def trace(program: dspy.Module, example: dspy.Example | Mapping[str, Any], engin
     record = dict(example.items()) if isinstance(example, dspy.Example) else dict(example)
     recorder = _Recorder(seed)
     prog = bind(copy_program(program), engine, adapters=adapters, sampling=sampling, recorder=recorder,
-                stop_roles=stop_roles)
+                stop_roles=stop_roles, decoding=decoding)
     select_demos(prog, inputs)  # this run's copy: the retrieved demos of its own task (wfc.retrieve)
     status, error, outputs, stopped_at = "ok", None, None, None
     dspy_trace: list = []
@@ -330,7 +379,8 @@ def run_rollouts(program: dspy.Module, examples: list, engine: Engine, *, repeat
                  sampling: SamplingParams | Mapping[str, SamplingParams] = SamplingParams(),
                  adapter: dspy.Adapter | None = None, max_workers: int = 256,
                  on_done: Callable[[], Any] | None = None,
-                 seeds: list[int] | None = None, stop_roles: Iterable[str] = ()) -> list[list[RolloutGraph]]:
+                 seeds: list[int] | None = None, stop_roles: Iterable[str] = (),
+                 decoding: Decoding = Decoding()) -> list[list[RolloutGraph]]:
     """``repeats`` rollouts of ``program`` per example, all in flight together so the engine batches them.
     Returns one list of graphs per example, in input order. ``on_done`` is called (from a worker thread) as each
     example's last rollout finishes, e.g. a progress bar's ``update``. ``seeds``: one per example; rollout r of
@@ -346,7 +396,7 @@ def run_rollouts(program: dspy.Module, examples: list, engine: Engine, *, repeat
 
     def run(job):
         graph = trace(program, job[1], engine, adapters=adapters, sampling=sampling, adapter=adapter, seed=job[2],
-                      stop_roles=stop_roles)
+                      stop_roles=stop_roles, decoding=decoding)
         if on_done is not None:
             with lock:
                 left[job[0]] -= 1

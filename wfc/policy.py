@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from wfc.attention import use_gqa_sdpa
+from wfc.constrain import GrammarMasks
 from wfc.engines.base import AdapterRevision
 from wfc.models import ModelHandle, load_model
 
@@ -100,6 +101,16 @@ class Policy:
             self.enable_gradient_checkpointing()
         self.lock = threading.RLock()
         self._revisions: dict[str, int] = {}
+        self._grammar_masks: GrammarMasks | None = None
+
+    @property
+    def grammar_masks(self) -> GrammarMasks:
+        """Grammar masks over this policy's tokenizer (``wfc.constrain``), built on first use: the one set the
+        colocated engine samples under and the trainer replays."""
+        with self.lock:
+            if self._grammar_masks is None:
+                self._grammar_masks = GrammarMasks(self.tokenizer)
+            return self._grammar_masks
 
     def __repr__(self) -> str:
         return f"Policy({self.handle.name!r}, device={str(self.device)!r}, adapters={self.adapters})"

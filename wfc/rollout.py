@@ -40,6 +40,7 @@ class CallNode(BaseModel):
     logprobs: list[float] = Field(default_factory=list)
     logprobs_known: bool = True  # False: the engine reported no log-probs (``logprobs`` are placeholders)
     choice_ids: list[list[int]] | None = None  # a choice call's every choice as token ids (wfc.engines.base)
+    grammar: str | None = None  # the grammar the call was decoded under (wfc.constrain); None: unconstrained
     text: str = ""
     outputs: dict[str, Any] | None = None
     inputs: dict[str, Any] | None = None  # the predictor's input values (from DSPy's trace); None: not recorded

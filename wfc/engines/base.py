@@ -15,7 +15,9 @@ Data model:
   ``SamplingParams`` and an optional sampling ``seed``: a sampled request with a seed draws its random numbers from a
   generator of its own seeded with it, so the same request with the same seed yields the same tokens whichever
   batch it lands in (float rounding of the batch layout aside); without one, from the engine's shared generator.
-  Greedy requests ignore it.
+  Greedy requests ignore it. An optional ``grammar`` (``wfc.constrain``): the completion follows it, by
+  construction; its log-probs are then under the masked distribution, log q(t) = log p(t) - log sum_allowed p,
+  the convention the trainer replays (a forced token has log q = 0).
 - ``Generation``: the completion ``text``; ``prompt_ids`` (exactly the tokens the model was conditioned on, no
   padding); ``completion_ids`` (exactly the tokens it produced, ending at EOS or a stop string, no padding);
   ``logprobs`` (one per completion token, under the temperature-scaled distribution it was sampled from; for a
@@ -88,6 +90,7 @@ class GenerationRequest(BaseModel):
     adapter: str | None = BASE
     sampling: SamplingParams = SamplingParams()
     seed: int | None = Field(None, ge=0, lt=2**63, description="this request's own sampling seed (module doc)")
+    grammar: str | None = Field(None, description="llguidance Lark grammar the completion must follow (wfc.constrain)")
 
 
 class Generation(BaseModel):

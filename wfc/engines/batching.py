@@ -27,7 +27,7 @@ def dedup_key(request: GenerationRequest, sampling: SamplingParams, position: in
     position in the batch, so even the same request object submitted twice gets two independent samples."""
     if not sampling.greedy:
         return position
-    return (json.dumps(request.messages, sort_keys=True), request.adapter)
+    return (json.dumps(request.messages, sort_keys=True), request.adapter, request.grammar)
 
 
 class BatchingEngine:

@@ -24,11 +24,13 @@ generator's n-th number, so the row samples alike in any batch), else from torch
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any, Sequence
 
 import torch
 
 from wfc.engines.base import AdapterRevision, Generation, GenerationRequest, SamplingParams
+from wfc.constrain import GrammarMasks, unpack
 from wfc.engines.batching import BatchingEngine
 from wfc.models import ModelHandle
 from wfc.policy import Policy
@@ -62,7 +64,8 @@ class _LogprobRecorder:
     token, so ``generate`` runs greedy."""
 
     def __init__(self, temperature: float, *, sample: bool = False, top_p: float = 1.0,
-                 seeds: Sequence[int | None] | None = None):
+                 seeds: Sequence[int | None] | None = None, grammars: "_RowGrammars | None" = None):
+        self.grammars = grammars  # per-row grammar matchers: scores are masked to each row's allowed tokens
         self.temperature = temperature if temperature > 0 else 1.0
         self.sample = sample
         self.top_p = top_p
@@ -75,6 +78,10 @@ class _LogprobRecorder:
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.prev is not None:
             self.steps.append(self.prev.gather(1, input_ids[:, -1:]).squeeze(1))
+            if self.grammars is not None:
+                self.grammars.advance(input_ids[:, -1].tolist())
+        if self.grammars is not None:
+            scores = self.grammars.mask(scores)
         self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)
         if not self.sample:
             return scores
@@ -92,6 +99,36 @@ class _LogprobRecorder:
             self.steps.append(self.prev.gather(1, sequences[:, -1:]).squeeze(1))
             self.prev = None
         return torch.stack(self.steps, dim=1) if self.steps else torch.zeros(sequences.shape[0], 0)  # (B, R)
+
+
+class _RowGrammars:
+    """The grammar state of each row of one generate call (rows without a grammar are left alone): masks each
+    step's scores to the allowed tokens and advances with the tokens chosen. The masks are
+    :meth:`wfc.constrain.GrammarMasks.replay`'s, position for position, which is what the trainer recomputes."""
+
+    def __init__(self, masks: GrammarMasks, grammars: Sequence[str | None]):
+        self.masks = masks
+        self.matchers = [masks.matcher(g) if g is not None else None for g in grammars]
+        self.rows = [i for i, m in enumerate(self.matchers) if m is not None]
+        self.bitmask = masks.new_bitmask(len(self.rows))
+        self.mask_seconds = 0.0  # time spent computing masks (the cost benchmarks/bench_constrained.py reports)
+
+    def mask(self, scores: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        for k, row in enumerate(self.rows):
+            self.masks.fill(self.matchers[row], self.bitmask, k)
+        allowed = unpack(self.bitmask, scores.shape[1]).to(scores.device)  # (rows, V)
+        rows = torch.tensor(self.rows, device=scores.device)
+        scores = scores.clone()
+        scores[rows] = scores[rows].masked_fill(~allowed, float("-inf"))
+        self.mask_seconds += time.perf_counter() - start
+        return scores
+
+    def advance(self, tokens: list[int]) -> None:
+        for row in self.rows:
+            matcher = self.matchers[row]
+            if not matcher.is_stopped():
+                matcher.consume_token(tokens[row])
 
 
 def shared_prefix(prompts: Sequence[Sequence[int]], *, min_shared: int = 1) -> int:
@@ -194,6 +231,11 @@ class HFEngine(BatchingEngine):
     def adapters(self) -> list[str]:
         return self.policy.adapters
 
+    @property
+    def grammar_masks(self) -> GrammarMasks:
+        """The grammar masks over this engine's tokenizer: the policy's, which the trainer replays."""
+        return self.policy.grammar_masks
+
     def load_adapters(self, revisions: Sequence[AdapterRevision]) -> None:
         """Make the engine generate with these adapter revisions. An adapter whose weights this engine's model
         already holds (a colocated trainer changed them in place: the same policy) is left as it is; any other is
@@ -275,8 +317,10 @@ class HFEngine(BatchingEngine):
         stop = tuple(sampling.stop) + self.default_stop
         # the recorder draws sampled rows' tokens itself (from the full distribution the recorded log-probs
         # describe, top-p aside): generate only ever runs greedy, with no warpers of its own
+        grammars = ([r.grammar for r in requests] if any(r.grammar is not None for r in requests) else None)
         recorder = _LogprobRecorder(sampling.temperature, sample=not sampling.greedy, top_p=sampling.top_p,
-                                    seeds=[r.seed for r in requests])
+                                    seeds=[r.seed for r in requests],
+                                    grammars=_RowGrammars(self.grammar_masks, grammars) if grammars else None)
         kwargs: dict[str, Any] = dict(
             max_new_tokens=sampling.max_tokens,
             do_sample=False,
@@ -305,6 +349,8 @@ class HFEngine(BatchingEngine):
         self.stats["generate_calls"] += 1
         self.stats["rows"] += len(requests)
         self.stats["batch_sizes"].append(len(requests))
+        if recorder.grammars is not None:
+            self.stats["mask_seconds"] = self.stats.get("mask_seconds", 0.0) + recorder.grammars.mask_seconds
         prompt_len = input_ids.shape[1]
         results = []
         for row in range(len(requests)):
