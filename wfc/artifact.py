@@ -46,6 +46,7 @@ from pydantic import BaseModel, Field
 from wfc import retrieve
 from wfc.adapter import CompactChatAdapter
 from wfc.engines.base import SamplingParams
+from wfc.lower import Decoding, role_grammars
 from wfc.source import ProgramSource, RestoreError, capture, rebuild
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,9 @@ class Manifest(BaseModel):
     revisions: list[int] = Field(default_factory=list)
     events: list[dict[str, Any]] = Field(default_factory=list)
     sampling: dict[str, Any] = Field(default_factory=lambda: {"temperature": 0.0, "max_tokens": 64})
+    decoding: dict[str, Any] = Field(default_factory=dict, description="wfc.lower.Decoding: structured decoding")
+    grammars: dict[str, str | None] = Field(default_factory=dict,
+                                            description="role path -> the grammar its calls follow (None: free)")
     package_versions: dict[str, str] = Field(default_factory=dict)
     created_at: str = Field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat())
     checksums: dict[str, str] = Field(default_factory=dict, description="relative path -> sha256, every file")
@@ -219,11 +223,16 @@ class CompiledProgram(dspy.Module):
     def sampling(self) -> SamplingParams:
         return SamplingParams(**self.manifest.sampling)
 
+    def decoding(self) -> Decoding:
+        """How this artifact's calls are decoded (structured unless the manifest says otherwise)."""
+        return Decoding(**self.manifest.decoding)
+
     def bound(self) -> dspy.Module:
         """A fresh copy of the program whose roles call their adapters on this artifact's engine."""
         from wfc.lower import bind, copy_program
 
-        return bind(copy_program(self.program), self.engine, adapters=self.roles, sampling=self.sampling())
+        return bind(copy_program(self.program), self.engine, adapters=self.roles, sampling=self.sampling(),
+                    decoding=self.decoding())
 
     def forward(self, **inputs):
         if any(getattr(p, "lm", None) is not None for _, p in self.program.named_predictors()):
@@ -236,7 +245,8 @@ class CompiledProgram(dspy.Module):
     def trace(self, example):
         from wfc.lower import trace
 
-        return trace(self.program, example, self.engine, adapters=self.roles, sampling=self.sampling())
+        return trace(self.program, example, self.engine, adapters=self.roles, sampling=self.sampling(),
+                     decoding=self.decoding())
 
     # ----- save ---------------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
@@ -269,7 +279,11 @@ class CompiledProgram(dspy.Module):
                 for name in ("metrics.jsonl", "curves.png", "roles.png"):
                     if (self.run_dir / name).exists():
                         shutil.copy2(self.run_dir / name, tmp / name)
-            manifest = self.manifest.model_copy(update={"revisions": sorted(self.revisions),
+            decoding = self.decoding()
+            manifest = self.manifest.model_copy(update={"decoding": decoding.model_dump(),
+                                                        "grammars": role_grammars(self.program, self.sampling(),
+                                                                                  decoding),
+                                                        "revisions": sorted(self.revisions),
                                                         "program_source": found.source, "checksums": _checksums(tmp)})
             (tmp / "manifest.json").write_text(manifest.model_dump_json(indent=2))
         return target

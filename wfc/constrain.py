@@ -46,6 +46,7 @@ from wfc.adapter import CompactChatAdapter
 
 DEFAULT_FIELD_TOKENS = 64  # a free-text field's token budget when the caller gives none
 _MARKER_TOKENS = 10  # what one ``[[ ## name ## ]]`` marker costs in tokens, with its newlines (SmolLM2: 7-9)
+_SHORT_VALUE_TOKENS = 8  # what a number, boolean or Literal value is allowed for in the budget arithmetic
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -72,6 +73,9 @@ def _cap(node: Any, chars: int) -> None:
             node.setdefault("maxLength", chars)
         if node.get("type") == "array":
             node.setdefault("maxItems", MAX_JSON_ITEMS)
+        if node.get("type") in ("integer", "number"):  # at most 16 digits, as a typed ChatAdapter number
+            node.setdefault("minimum", -(10**16 - 1))
+            node.setdefault("maximum", 10**16 - 1)
         if node.get("type") == "object" and "properties" in node:
             node.setdefault("additionalProperties", False)  # a model's declared fields only: no unbounded extras
         for value in node.values():
@@ -109,19 +113,40 @@ def _marker(field: str) -> str:
     return f"[[ ## {field} ## ]]"
 
 
+def _open_ended(annotation) -> bool:
+    """Whether a value of ``annotation`` has a length the budget must bound (free text, JSON); numbers, booleans
+    and ``Literal`` values are short by their grammar."""
+    return not (annotation in (int, float, bool) or _is_literal(annotation))
+
+
 def _budgets(fields: Mapping[str, Any], field_tokens: int | Mapping[str, int], max_tokens: int | None) -> dict:
-    """Each output field's token budget: ``field_tokens`` (per field when a mapping), shrunk so that the markers and
-    every field fit in ``max_tokens`` together (a call cut by ``max_tokens`` would not parse)."""
+    """Each output field's token budget: ``field_tokens`` (per field when a mapping), the open-ended fields' shrunk
+    together so that markers, short values and every field fit in ``max_tokens`` (a call cut by ``max_tokens`` would
+    not parse)."""
     default = field_tokens if isinstance(field_tokens, int) else DEFAULT_FIELD_TOKENS
     wanted = {f: (field_tokens.get(f, default) if isinstance(field_tokens, Mapping) else default) for f in fields}
     if max_tokens is None:
         return wanted
-    room = max_tokens - _MARKER_TOKENS * (len(fields) + 1) - 2
-    total = sum(wanted.values())
+    open_ended = [f for f, a in fields.items() if _open_ended(a)]
+    room = max_tokens - _MARKER_TOKENS * (len(fields) + 1) - _SHORT_VALUE_TOKENS * (len(fields) - len(open_ended)) - 2
+    total = sum(wanted[f] for f in open_ended)
     if total <= room:
         return wanted
-    scale = max(room, len(fields)) / total
-    return {f: max(1, int(b * scale)) for f, b in wanted.items()}
+    scale = max(room, len(open_ended)) / total
+    return {f: (max(1, int(b * scale)) if f in open_ended else b) for f, b in wanted.items()}
+
+
+def with_budgets(signature, **budgets: int):
+    """``signature`` with free-text token budgets on the named output fields (``reasoning=24``): what structured
+    decoding gives each of them (module doc). The budget is stored in the field, so it travels with the program."""
+    for name, tokens in budgets.items():
+        if name not in signature.output_fields:
+            raise ValueError(f"{name!r} is not an output field of the signature; its outputs are "
+                             f"{list(signature.output_fields)}")
+        if not isinstance(tokens, int) or tokens < 1:
+            raise ValueError(f"a field's budget is a positive number of tokens, got {name}={tokens!r}")
+        signature = signature.with_updated_fields(name, max_tokens=tokens)
+    return signature
 
 
 def chat_grammar(fields: Mapping[str, Any], *, field_tokens: int | Mapping[str, int] = DEFAULT_FIELD_TOKENS,
@@ -204,6 +229,30 @@ def signature_grammar(signature, adapter, *, field_tokens: int | Mapping[str, in
     if isinstance(adapter, ChatAdapter) and not isinstance(adapter, XMLAdapter):
         return chat_grammar(fields, field_tokens=field_tokens, max_tokens=max_tokens, tools=tools)
     return None  # an adapter with a format of its own (XML, two-step): decoded unconstrained
+
+
+def response_format_grammar(response_format: Mapping[str, Any] | None) -> str | None:
+    """The grammar of OpenAI's chat ``response_format``: ``json_schema`` (its ``schema``), ``json_object`` (any
+    object) or ``text`` / None (unconstrained). Raises ValueError, saying what to send, for anything else."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        schema: dict[str, Any] = {"type": "object"}
+    elif kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("schema"), Mapping):
+            raise ValueError("response_format json_schema needs {'type': 'json_schema', 'json_schema': {'name': ..., "
+                             "'schema': {...}}}")
+        schema = json.loads(json.dumps(spec["schema"]))  # a copy: _cap writes into it
+    else:
+        raise ValueError(f"response_format type {kind!r} is not supported: send 'json_schema', 'json_object' or "
+                         "'text'")
+    _cap(schema, 4 * DEFAULT_FIELD_TOKENS)
+    schema.setdefault("x-guidance", {"whitespace_flexible": False})
+    return f"start: %json {json.dumps(schema)}"
 
 
 def react_tools(owner) -> dict[str, dict[str, Any]] | None:

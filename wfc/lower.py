@@ -271,6 +271,21 @@ def bind(program: dspy.Module, engine: Engine, *, adapters: RoleAdapters | None 
     return program
 
 
+def role_grammars(program: dspy.Module, sampling: SamplingParams, decoding: Decoding,
+                  adapter: dspy.Adapter | None = None) -> dict[str, str | None]:
+    """Role path -> the grammar its calls follow under ``adapter`` (the compact one by default) at ``sampling``'s
+    token limit: what an artifact records of its decoding."""
+    tools = _react_tools(program)
+    parser = adapter or CompactChatAdapter()
+    out = {}
+    for path, predictor in roles(program).items():
+        engine = RoleEngine(None, path, None, predictor.signature, sampling, None, decoding=decoding,
+                            tools=tools.get(id(predictor)))
+        out[path] = None if CompactChatAdapter.choices(predictor.signature) else engine.grammar(parser,
+                                                                                                sampling.max_tokens)
+    return out
+
+
 def _react_tools(program: dspy.Module) -> dict[int, dict[str, dict[str, Any]]]:
     """id of each ``dspy.ReAct``'s ``react`` predictor -> that agent's tools (``wfc.constrain.react_tools``)."""
     found = {}

@@ -59,6 +59,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from wfc.constrain import response_format_grammar
 from wfc.engines.base import GenerationRequest, SamplingParams
 from wfc.lower import trace
 from wfc.serve_limits import (APIError, BodyLimit, Gate, PromptCounter, RequestCancelled, RequestWork, ServeLimits,
@@ -109,6 +110,12 @@ class ChatCompletionRequest(BaseModel):
     n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: dict[str, Any] | None = Field(
+        None, description="OpenAI's: {'type': 'json_schema', 'json_schema': {'schema': ...}}, 'json_object' or 'text'")
+
+    def grammar(self) -> str | None:
+        """The decoding grammar ``response_format`` asks for (``wfc.constrain.response_format_grammar``)."""
+        return response_format_grammar(self.response_format)
 
     def stops(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -387,8 +394,12 @@ def create_app(compiled, *, api_key: str | None = None, max_tokens_limit: int = 
             temperature=defaults.temperature if body.temperature is None else body.temperature,
             top_p=defaults.top_p if body.top_p is None else body.top_p,
             max_tokens=max_tokens, stop=body.stops() or defaults.stop)
+        try:
+            grammar = body.grammar()
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="response_format", code="invalid_response_format") from None
         request = GenerationRequest(messages=tuple(m.as_dict() for m in body.messages), adapter=routes[body.model],
-                                    sampling=sampling)
+                                    sampling=sampling, grammar=grammar)
 
         async def work(job: RequestWork):
             # count and submit off the event loop (tokenising a long prompt takes a while), then await the futures
