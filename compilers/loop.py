@@ -1,0 +1,589 @@
+"""The stages of one mmGRPO compile, in the order :meth:`compilers.mmgrpo.MMGRPO.compile` calls them.
+
+A :class:`CompileRun` holds what the setup stages build (the program copy, the ranks, the policy and the engine, the
+backend plan, the sampler, the optimizers, the log) and a :class:`RunState` beside it: what changes from step to
+step. ``RunState.loop`` is the checkpointed part (:class:`compilers.checkpoint.LoopState`, whose format the
+checkpoint owns); the rest of it is rebuilt by every compile, resumed or not. One training step is the stages
+:meth:`~CompileRun.collect` (roll out, score, credit, dynamic sampling), :meth:`~CompileRun.group`
+(groups and advantages), :meth:`~CompileRun.schedule_lr`, :meth:`~CompileRun.update`,
+:meth:`~CompileRun.hand_off` and :meth:`~CompileRun.after_step` (log, validation, keep-best, cliff guard,
+checkpoint); a :class:`Step` carries one step's data from stage to stage.
+
+Invariants (a resumed compile repeats the uninterrupted one: ``tests/compilers/test_resume.py``): the stages draw
+random numbers in one fixed order (after ``torch.manual_seed(cfg.seed)``: the ``auto`` trace, LoRA init, bootstrap,
+then per step the sampler, the rollouts, counterfactual reruns and the update), and nothing draws between a
+resume's restore of the RNGs and the next step.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import dspy
+import torch
+from tqdm.auto import tqdm
+
+from compilers import checkpoint as ckpt
+from compilers.advantages import group_advantages, no_signal_rate, role_scales
+from compilers.auto import plan as auto_plan
+from compilers.backends import BackendPlan, resolve_backend
+from compilers.config import MMGRPOConfig
+from compilers.counterfactual import counterfactual_credit
+from compilers.credit import get_credit
+from compilers.diagnostics import add_guard_stats, role_stats
+from compilers.distributed import Distributed, from_env
+from compilers.group import Group, build_groups
+from compilers.guards import adapter_learning_rates, check_role_keys, detect_cliff, entropy_bonus, fanout_weights
+from compilers.offpolicy import merge_mismatch
+from compilers.prepare import (check_frozen, check_same_compile, check_skippable, policy_and_engine, resume_dir,
+                               without_frozen)
+from compilers.prompts import apply_demos, bootstrap_demos, retrieval_pools
+from compilers.runlog import RunLog
+from compilers.sampling import PromptSampler, signal_examples
+from compilers.schedule import lr_multiplier
+from compilers.score import score_rollout
+from compilers.update import AdapterOptimizers, adapter_parameters
+from wfc.artifact import CompiledProgram, Manifest, package_versions
+from wfc.engines.base import SamplingParams
+from wfc.lower import copy_program, derive_seed, roles, run_rollouts
+from wfc.policy import Policy
+from wfc.retrieve import install as install_retrievers
+from wfc.rollout import RolloutGraph
+
+
+def trained_groups(groups: list[Group], role_adapters: Mapping[str, str]) -> list[Group]:
+    """The groups of trained roles: a frozen role's calls make no rows, and its reward spread is no signal."""
+    return [g for g in groups if g.role in role_adapters]
+
+
+@dataclass
+class RunState:
+    """The compile loop's state: ``loop``, the bookkeeping a checkpoint saves and a resume restores (history,
+    evaluations, events, revisions, best, rollback, tokens spent), and what every compile rebuilds."""
+
+    loop: ckpt.LoopState = field(default_factory=ckpt.LoopState)
+    steps: int = 0  # the last step: the config's, 0 under strategy "p", cut where the token budget runs out
+    handed: dict[str, int] = field(default_factory=dict)  # adapter -> the revision the engine holds
+    revision_files: ckpt.RevisionFiles = field(default_factory=ckpt.RevisionFiles)  # revisions already on disk
+
+
+@dataclass
+class Step:
+    """One training step's data, filled stage by stage."""
+
+    step: int
+    rollouts: list[list[RolloutGraph]] = field(default_factory=list)
+    drawing: dict[str, Any] = field(default_factory=dict)
+    all_groups: list[Group] = field(default_factory=list)  # every role's, a frozen role's too
+    groups: list[Group] = field(default_factory=list)  # the trained roles': what the update trains
+    scored: list = field(default_factory=list)  # the trained groups' advantage results (the no-signal rate)
+    scales: dict[str, float] = field(default_factory=dict)
+    lr_mult: float = 1.0
+    weights: dict[tuple, float] = field(default_factory=dict)
+    per_role: dict[str, dict[str, Any]] = field(default_factory=dict)
+    upd: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # rollout, handoff
+    update_started: float = 0.0
+
+    @property
+    def graphs(self) -> list[RolloutGraph]:
+        return [g for gs in self.rollouts for g in gs]
+
+
+class CompileRun:
+    """One compile: ``MMGRPO.compile`` builds it and calls its stages in order. ``evaluate`` and ``update`` are the
+    validation and optimizer-step functions (``compilers.mmgrpo``'s, looked up when compile is called)."""
+
+    def __init__(self, metric: Callable, cfg: MMGRPOConfig, program: dspy.Module, *, trainset: Sequence,
+                 valset: Sequence | None, run_dir: str | Path | None, resume: str | Path | bool | None,
+                 evaluate: Callable, update: Callable):
+        """The inputs, checked: a checkpoint to resume is verified before any model work (a bad one fails fast)."""
+        self.metric, self.cfg, self.program = metric, cfg, program
+        self.evaluate, self.update_adapters = evaluate, update
+        self.run_dir = resume_dir(resume, run_dir)
+        self.resumed = ckpt.load(self.run_dir) if resume else None
+        self.role_map = roles(program)
+        self.trainset = list(trainset)
+        if not self.trainset:
+            raise ValueError("trainset is empty: pass the examples to train on (dspy.Examples with inputs set)")
+        for i, ex in enumerate(self.trainset[:3] + list(valset or [])[:3]):
+            if not isinstance(ex, dspy.Example) or not ex.inputs().keys():
+                raise TypeError(f"example {i} must be a dspy.Example with inputs, e.g. "
+                                "dspy.Example(question=..., answer=...).with_inputs('question')")
+        self.valset = list(valset) if valset else []
+        self.student = copy_program(program)
+        self.state = RunState(steps=cfg.steps)
+        self.eval_tokens = cfg.eval_max_tokens or cfg.max_tokens
+        self.sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens)
+
+    # ----- setup ----------------------------------------------------------------------------------------------------
+    def place(self, engine, policy: Policy | None, model: str, distributed: Distributed | None,
+              progress: bool) -> None:
+        """The ranks, the frozen and trained roles, the policy and the engine."""
+        cfg = self.cfg
+        if distributed is None:  # before the policy is built: a CUDA rank must be on its own GPU first
+            distributed = from_env(device=policy.device if policy is not None else cfg.device)
+        self.distributed, self.main = distributed, distributed.is_main
+        self.progress = progress and self.main
+        self.frozen = check_frozen(cfg, list(self.role_map))
+        self.trained = [r for r in self.role_map if r not in self.frozen]
+        self.engine, self.policy = policy_and_engine(engine, policy, model, cfg)
+        check_role_keys("role_learning_rates", cfg.role_learning_rates, self.trained)
+        check_role_keys("role_max_grad_norm", cfg.role_max_grad_norm, self.trained)
+        check_role_keys("counterfactual_roles", {r: 1 for r in cfg.counterfactual_roles if r != "*"}, self.trained)
+
+    def plan_backend(self, backend: Any) -> None:
+        """Seed torch, then the role -> adapter plan: a resumed ``auto`` run's own traced choice, a fresh trace, or
+        the named backend. ``role_adapters`` (trained roles only) is what rollouts route by (a role it does not
+        name, a frozen one, runs on the base model: ``wfc.lower.bind``) and what the update trains."""
+        cfg, resumed = self.cfg, self.resumed
+        # LoRA init and unseeded sampling (counterfactual reruns) draw from torch's generator
+        torch.manual_seed(cfg.seed)
+        if resumed is not None and isinstance(backend, str) and backend == "auto":
+            plan = BackendPlan(resumed.plan["spec"], dict(resumed.plan["role_adapters"]), list(resumed.plan["reasons"]))
+        elif isinstance(backend, str) and backend == "auto":
+            plan = self.distributed.broadcast(auto_plan(self.student, self.trainset, self.engine, config=cfg,
+                                                        seed=cfg.seed)
+                                              if self.main else None)  # traced once: every rank trains the same plan
+            plan = without_frozen(plan, self.frozen)
+            if self.progress:
+                print(plan.describe())
+        else:
+            plan = resolve_backend(backend, self.trained)
+        self.plan, self.role_adapters = plan, plan.role_adapters
+
+    def check_same_run(self) -> None:
+        """The run's fingerprint: a resumed checkpoint's must match it (``steps`` may grow), and every rank's."""
+        cfg, resumed = self.cfg, self.resumed
+        self.fingerprint = ckpt.fingerprint(cfg, base_model=self.policy.handle.name,
+                                            base_checksum=self.policy.handle.checksum,
+                                            role_adapters=self.role_adapters, trainset=self.trainset,
+                                            valset=self.valset, metric=self.metric, program=self.program)
+        if resumed is not None:
+            ckpt.check_fingerprint(resumed.data["fingerprint"], self.fingerprint, where=resumed.path)
+            if cfg.steps < resumed.step:
+                raise ValueError(f"steps={cfg.steps} but the checkpoint in {self.run_dir} is after step "
+                                 f"{resumed.step}: resume with steps >= {resumed.step}")
+        if self.distributed.world > 1:
+            check_same_compile(self.distributed, self.fingerprint)
+
+    def build_trainer(self) -> None:
+        """Learning rates, credit, the prompt sampler, the adapters (LoRA init draws from torch's generator) and
+        their optimizers; the new adapters are handed to the engine."""
+        cfg, plan = self.cfg, self.plan
+        self.rates = adapter_learning_rates(self.role_adapters, cfg.learning_rate, cfg.role_learning_rates)
+        # balancing applies: an adapter trained by several roles
+        self.multi_role = any(list(self.role_adapters.values()).count(a) > 1 for a in plan.adapters)
+        self.credit = get_credit(cfg.credit)
+        if cfg.curriculum_key is not None and not all(cfg.curriculum_key in ex for ex in self.trainset):
+            raise ValueError(f"curriculum_key={cfg.curriculum_key!r}: every training example needs that field "
+                             "(a number, easier is smaller); or leave it None to treat trainset order as easiest first")
+        self.sampler = PromptSampler(
+            len(self.trainset), seed=cfg.seed, band=cfg.pass_band, replay_after=cfg.replay_after,
+            difficulty=[float(ex[cfg.curriculum_key]) for ex in self.trainset] if cfg.curriculum_key else None,
+            curriculum_steps=cfg.curriculum_steps, curriculum_start=cfg.curriculum_start)
+        for adapter in plan.adapters:
+            self.policy.add_adapter(adapter, cfg.lora.peft_config())
+            if self.distributed.world > 1:  # seeded alike already; rank 0's initial weights make sure of it
+                self.distributed.broadcast_(adapter_parameters(self.policy.model, adapter))
+        self.optimizers = AdapterOptimizers(self.policy, plan.adapters, lr=self.rates)
+        self.hand_off()
+
+    def open_log(self) -> None:
+        """``metrics.jsonl`` (written by the main rank only) and, for a fresh run, its ``plan`` record."""
+        cfg, run_dir = self.cfg, self.run_dir
+        if self.main and self.resumed is None and ckpt.find(run_dir) is not None:
+            warnings.warn(f"{run_dir} holds the checkpoint of an earlier compile: this one starts over and replaces "
+                          f"it (its metrics.jsonl moves to metrics.previous.jsonl); pass resume={str(run_dir)!r} "
+                          f"(CLI --resume) to continue that one instead",
+                          stacklevel=3)  # the caller of MMGRPO.compile
+        self.log = RunLog(run_dir, write=self.main, fresh=self.resumed is None)
+        if self.resumed is None:
+            self.log.append({"kind": "plan", "backend": self.plan.spec, "roles": self.role_adapters,
+                             "reasons": self.plan.reasons, "learning_rates": self.rates, "frozen_roles": self.frozen,
+                             "skip_frozen": cfg.skip_frozen})
+
+    def bootstrap(self) -> None:
+        """Strategy ``p`` / ``p -> w``: bootstrapped demos per role (on rank 0, broadcast); ``p`` trains no step.
+        A resumed run's demos are in the program state the checkpoint restores."""
+        cfg, st = self.cfg, self.state
+        if self.resumed is not None:
+            st.steps = 0 if cfg.strategy == "p" else st.steps
+            return
+        if cfg.strategy not in ("p", "p -> w"):
+            return
+        t0 = time.time()
+        boot: dict[str, Any] = {}
+        demos = None
+        if self.main:  # bootstrapped once: every rank trains with the same demos
+            demos = bootstrap_demos(self.student, self.trainset, self.engine, metric=self.metric,
+                                    k=cfg.demos_per_role, adapters=self.role_adapters,
+                                    n_examples=cfg.bootstrap_examples, repeats=cfg.bootstrap_repeats,
+                                    temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed,
+                                    metric_failure_score=cfg.metric_failure_score, labeled=cfg.labeled_demos,
+                                    stats=boot)
+        demos, boot = self.distributed.broadcast((demos, boot))
+        counts = apply_demos(self.student, demos)
+        st.loop.spent += boot["completion_tokens"]
+        self.log.append({"kind": "demos", "strategy": cfg.strategy, "counts": counts, **boot,
+                         "seconds": round(time.time() - t0, 2)})
+        if self.progress:
+            print(f"bootstrapped demos per role: {counts} ({time.time() - t0:.0f}s)")
+        if cfg.strategy == "p":
+            st.steps = 0
+
+    def retrieve_demos(self) -> None:
+        """``retrieved_demos``: each labeled role's pool of gold demonstrations, installed in the program; rebuilt on
+        a resume too (the pools are a pure function of the trainset and the metric: no tokens)."""
+        cfg = self.cfg
+        if not cfg.retrieved_demos:
+            return
+        t0 = time.time()
+        pools = retrieval_pools(self.student, self.trainset, metric=self.metric, k=cfg.retrieved_demos,
+                                labels=cfg.demo_labels, metric_failure_score=cfg.metric_failure_score)
+        install_retrievers(self.student, pools)
+        if self.resumed is None:
+            self.log.append({"kind": "retrieval", "k": cfg.retrieved_demos,
+                             "pools": {role: len(r.pool) for role, r in pools.items()},
+                             "seconds": round(time.time() - t0, 2)})
+        if self.progress:
+            print(f"retrieved demos: {cfg.retrieved_demos} per run from pools "
+                  f"{ {role: len(r.pool) for role, r in pools.items()} } ({time.time() - t0:.0f}s)")
+
+    # ----- start: the step-0 baseline, or a resume ------------------------------------------------------------------
+    def baseline(self) -> None:
+        """A fresh run: validate the untrained adapters (step 0) and checkpoint."""
+        loop = self.state.loop
+        loop.val = self.validate(0)
+        loop.best_step, loop.best_val = 0, loop.val
+        self.checkpoint(0)
+
+    def resume(self) -> None:
+        """A resumed run: cut the log back, restore the checkpointed state (RNGs last: nothing draws before the next
+        step) and log where it continues."""
+        resumed, st, log = self.resumed, self.state, self.log
+        if self.main:  # cuts metrics.jsonl back; the other ranks read it after
+            log.records = ckpt.restore_log(resumed)
+            ckpt.drop_later_revisions(self.run_dir, resumed.step)
+        self.distributed.barrier()
+        if not self.main:
+            log.records = ckpt.restore_log(resumed)
+        st.revision_files = resumed.revision_files()
+        st.loop = ckpt.restore(resumed, policy=self.policy, engine=self.engine, adapters=self.plan.adapters,
+                               optimizers=self.optimizers, sampler=self.sampler, student=self.student)
+        st.handed.update({a: self.policy.revision(a) for a in self.plan.adapters})  # restore handed them over
+        log.append({"kind": "resume", "after_step": st.loop.step, "checkpoint": str(resumed.path)})
+        if self.progress:
+            print(f"resumed {self.run_dir} after step {st.loop.step}")
+
+    # ----- the loop -------------------------------------------------------------------------------------------------
+    def train(self) -> None:
+        """The steps after the last finished one, until ``steps`` or the token budget."""
+        st = self.state
+        bar = tqdm(range(st.loop.step + 1, st.steps + 1), desc="mmGRPO", disable=not self.progress,
+                   initial=st.loop.step, total=st.steps)
+        for step in bar:
+            if self.budget_spent(step):
+                break
+            s = Step(step)
+            t0 = time.time()
+            self.collect(s)  # roll out, score, credit; dynamic sampling
+            s.seconds["rollout"] = time.time() - t0
+            self.group(s)  # groups and their advantages
+            s.update_started = time.time()
+            self.schedule_lr(s)
+            self.update(s)
+            t0 = time.time()
+            self.hand_off()  # adapter-only hand-off of what the step changed (a no-op where rollouts share the model)
+            s.seconds["handoff"] = time.time() - t0
+            st.loop.current = step
+            record = self.step_record(s)
+            self.after_step(s, record)
+            bar.set_postfix(reward=f"{record['reward_mean']:.2f}",
+                            val=f"{st.loop.val:.2f}" if st.loop.val is not None else "-",
+                            fmt=f"{record['format_error_rate']:.2f}", crash=record["crashes"])
+
+    def budget_spent(self, step: int) -> bool:
+        """``max_rollout_tokens`` spent before ``step``: the previous step is the last (validated here if it was
+        not)."""
+        cfg, st = self.cfg, self.state
+        if cfg.max_rollout_tokens is None or st.loop.spent < cfg.max_rollout_tokens:
+            return False
+        st.steps = step - 1
+        if st.steps not in st.loop.revisions:
+            loop = st.loop
+            loop.val = self.validate(st.steps)
+            if loop.val is not None and (loop.best_val is None or loop.val > loop.best_val):
+                loop.best_step, loop.best_val = st.steps, loop.val
+        return True
+
+    def roll_out(self, indices: list[int], step: int) -> tuple[list[list[RolloutGraph]], dict[str, int]]:
+        """The scored, credited rollouts of ``indices`` (this rank's shard run here, the rest gathered) and what
+        counterfactual credit's reruns cost."""
+        cfg, distributed, metric = self.cfg, self.distributed, self.metric
+        mine = distributed.shard(indices)
+        examples = [self.trainset[i] for i in mine]
+        # an example's rollouts at a step sample with seeds of their own (seed, step, example index): the
+        # draw repeats whatever the thread timing and whichever rank runs it
+        seeds = [derive_seed(cfg.seed, "rollout", step, i) for i in mine]
+        rollouts = run_rollouts(self.student, examples, self.engine, repeats=cfg.group_size,
+                                adapters=self.role_adapters, sampling=self.sampling, max_workers=cfg.rollout_workers,
+                                seeds=seeds, stop_roles=self.frozen if cfg.skip_frozen else ()) if examples else []
+        cost = {"runs": 0, "completion_tokens": 0}
+        for graphs in rollouts:
+            for g in graphs:
+                score_rollout(metric, g, failure_score=cfg.failure_score,
+                              metric_failure_score=cfg.metric_failure_score)
+                self.credit(metric, g, metric_failure_score=cfg.metric_failure_score)
+        if cfg.counterfactual_roles and examples:
+            cost = counterfactual_credit(self.student, examples, rollouts, self.engine, metric=metric,
+                                         # "*": every trained role (a frozen role's credit trains nothing)
+                                         roles=self.trained if "*" in cfg.counterfactual_roles
+                                         else cfg.counterfactual_roles, adapters=self.role_adapters,
+                                         sampling=self.sampling, failure_score=cfg.failure_score,
+                                         metric_failure_score=cfg.metric_failure_score)
+        if distributed.world > 1:  # every rank: the whole draw, in the order of indices
+            parts = distributed.gather([(rollouts, cost)])
+            rollouts = [graphs for part, _ in parts for graphs in part]
+            cost = {k: sum(c[k] for _, c in parts) for k in cost}
+        return rollouts, cost
+
+    def collect(self, s: Step) -> None:
+        """The step's rollouts: ``examples_per_step`` examples, or (dynamic sampling) as many examples with signal,
+        drawing replacements for flat ones for up to ``max_draw_rounds`` rounds; counts the tokens spent."""
+        cfg, sampler = self.cfg, self.sampler
+        quota, kept, drawn, flat, rounds, rewards, tokens = cfg.examples_per_step, [], [], 0, 0, [], 0
+        cf_cost = {"runs": 0, "completion_tokens": 0}  # counterfactual credit's cost in this step
+        while len(kept) < quota and rounds < (cfg.max_draw_rounds if cfg.dynamic_sampling else 1):
+            rate = len(kept) / len(drawn) if drawn else 1.0  # oversample by the signal rate seen so far
+            want = min(2 * quota, math.ceil((quota - len(kept)) / max(rate, 1 / 3)))
+            indices = sampler.draw(want, exclude=drawn)
+            if not indices:
+                break
+            drawn.extend(indices)
+            rollouts, cost = self.roll_out(indices, s.step)
+            for k in cf_cost:
+                cf_cost[k] += cost[k]
+            signal = signal_examples(trained_groups(self.build_groups(rollouts), self.role_adapters), len(indices))
+            rewards.extend(g.reward for graphs in rollouts for g in graphs)
+            tokens += sum(len(c.completion_ids) for graphs in rollouts for g in graphs for c in g.calls)
+            for i, graphs, has in zip(indices, rollouts, signal):
+                sampler.observe(i, statistics.fmean(min(max(g.reward, 0.0), 1.0) for g in graphs))
+                if has or not cfg.dynamic_sampling:
+                    kept.append(graphs)
+                else:
+                    flat += 1
+            rounds += 1
+        sampler.advance()
+        tokens += cf_cost["completion_tokens"]  # the budget counts what counterfactual reruns generated
+        self.state.loop.spent += tokens
+        s.rollouts = kept
+        s.drawing = {"reward_mean_drawn": statistics.fmean(rewards) if rewards else None,
+                     "completion_tokens": tokens, "counterfactual": dict(cf_cost),
+                     "examples_drawn": len(drawn), "examples_kept": len(kept), "examples_flat": flat,
+                     "draw_rounds": rounds, "sampler": sampler.summary(),
+                     "completion_tokens_total": self.state.loop.spent}
+
+    def build_groups(self, rollouts: list[list[RolloutGraph]]) -> list[Group]:
+        cfg = self.cfg
+        return build_groups(rollouts, mode=cfg.grouping, failure_score=cfg.failure_score,
+                            format_failure_score=cfg.format_failure_score, pool_fanout=cfg.pool_fanout,
+                            overlong_penalty=cfg.overlong_penalty)
+
+    def group(self, s: Step) -> None:
+        """Groups per (example, role, invocation) and their advantages (a frozen role's too: its step stats read
+        them, the update does not), scaled per role under ``role_advantage_norm``."""
+        cfg = self.cfg
+        s.all_groups = self.build_groups(s.rollouts)
+        s.groups = trained_groups(s.all_groups, self.role_adapters)
+        for g in s.all_groups:
+            ga = group_advantages(g.rewards, cfg.advantage)
+            g.advantages, g.no_signal = ga.advantages, ga.no_signal
+            if g.role in self.role_adapters:
+                s.scored.append(ga)  # the step's no-signal rate: of what trains
+        s.scales = role_scales((g.role, g.advantages) for g in s.groups) if cfg.role_advantage_norm else {}
+        for g in s.groups:
+            if s.scales.get(g.role, 1.0) != 1.0:
+                g.advantages = [a * s.scales[g.role] for a in g.advantages]
+
+    def schedule_lr(self, s: Step) -> None:
+        """Every adapter's base rate times the schedule's multiplier for this step."""
+        cfg = self.cfg
+        s.lr_mult = lr_multiplier(s.step, self.state.steps, schedule=cfg.lr_schedule, warmup=cfg.warmup_steps,
+                                  min_ratio=cfg.min_lr_ratio)
+        self.optimizers.apply_schedule(s.lr_mult)
+
+    def update(self, s: Step) -> None:
+        """One optimizer step per adapter on the trained groups, with the fan-out weights and the entropy bonus of
+        roles below the floor; per-role stats of the rollouts (read before the update) and of the update."""
+        cfg = self.cfg
+        s.weights = fanout_weights(s.groups) if cfg.fanout_scaling else {}
+        s.per_role = role_stats(s.graphs, s.all_groups)  # of the rollouts, so before the update
+        # a role whose engine reported no log-probs (a scripted engine) has no measured entropy: no bonus
+        bonus = entropy_bonus({r: x["entropy"] for r, x in s.per_role.items() if x["entropy_measured"]},
+                              floor=cfg.entropy_floor, coef=cfg.entropy_coef)
+        s.upd = self.update_adapters(self.policy, self.optimizers, s.groups, self.role_adapters, config=cfg,
+                                     weights=s.weights, distributed=self.distributed, entropy_coefs=bonus)
+        for role in s.per_role:
+            s.per_role[role]["entropy_bonus"] = bonus.get(role, 0.0)
+            if role in self.frozen:
+                s.per_role[role]["frozen"] = True
+
+    def hand_off(self, names: Sequence[str] | None = None) -> None:
+        """Give the engine every adapter (of ``names``) whose revision it does not hold yet."""
+        handed = self.state.handed
+        changed = [a for a in (self.plan.adapters if names is None else names)
+                   if handed.get(a) != self.policy.revision(a)]
+        if changed:
+            revs = self.policy.export(changed)
+            self.engine.load_adapters(revs)
+            handed.update({r.name: r.revision for r in revs})
+
+    def step_record(self, s: Step) -> dict[str, Any]:
+        """The step's ``metrics.jsonl`` record."""
+        cfg, graphs, drawing = self.cfg, s.graphs, s.drawing
+        add_guard_stats(s.per_role, s.groups, s.weights, s.upd, self.role_adapters, self.optimizers)
+        return {
+            "kind": "step", "step": s.step,
+            # over every rollout drawn (dynamic sampling trains on a subset; this is how the policy does)
+            "reward_mean": drawing["reward_mean_drawn"] if drawing["reward_mean_drawn"] is not None else 0.0,
+            "rollouts": len(graphs),
+            "drawing": drawing,
+            "role_advantage_scales": s.scales,
+            "lr_multiplier": round(s.lr_mult, 6),
+            "learning_rates": {a: self.optimizers.lr(a) for a in self.plan.adapters},
+            "crashes": sum(g.status == "crash" for g in graphs),
+            "format_errors": sum(c.status == "format_error" for g in graphs for c in g.calls),
+            "format_error_rate": (sum(c.status == "format_error" for g in graphs for c in g.calls)
+                                  / max(sum(len(g.calls) for g in graphs), 1)),
+            "no_signal_rate": no_signal_rate(s.scored) if s.scored else 1.0,
+            "logprob_mismatch": merge_mismatch([u.get("logprob_mismatch", {}) for u in s.upd.values()]),
+            "importance_correction": cfg.importance_correction,
+            "groups": len(s.groups),
+            "adapters": s.upd,
+            "roles": s.per_role,
+            "guards": {"fanout_scaling": cfg.fanout_scaling,
+                       "role_balance": cfg.role_balance and self.multi_role,
+                       "role_share_cap": cfg.role_share_cap, "role_clip": cfg.role_clip,
+                       "cliff_guard": cfg.cliff_guard and bool(self.valset),
+                       "entropy_floor": cfg.entropy_floor},
+            "seconds_rollout": round(s.seconds["rollout"], 2),
+            "seconds_update": round(time.time() - s.update_started - s.seconds["handoff"], 2),
+            "seconds_handoff": round(s.seconds["handoff"], 3),
+        }
+
+    def after_step(self, s: Step, record: dict[str, Any]) -> None:
+        """Log the step; validate when due, keep the best evaluated revision, guard against a cliff; checkpoint."""
+        cfg, loop, step = self.cfg, self.state.loop, s.step
+        self.log.append(record)
+        loop.history.append({k: v for k, v in record.items() if k != "adapters"})
+        evaluated = (cfg.eval_every and step % cfg.eval_every == 0) or step == self.state.steps
+        if evaluated:
+            loop.val = self.validate(step)
+        val = loop.val
+        if val is not None and (loop.best_val is None or val > loop.best_val) and step in loop.revisions:
+            loop.best_step, loop.best_val = step, val
+        if evaluated and val is not None and cfg.cliff_guard:
+            self.guard_cliff(step)
+        self.checkpoint(step)
+
+    # ----- validation, guard, checkpoint ----------------------------------------------------------------------------
+    def validate(self, step: int) -> float | None:
+        """Keep the adapters' revision at ``step``; with a valset, its greedy accuracy (logged)."""
+        cfg, loop, adapters = self.cfg, self.state.loop, self.plan.adapters
+        if not self.valset:
+            loop.revisions[step] = {a: self.policy.adapter_state(a) for a in adapters}
+            return None
+        t0 = time.time()
+        res = self.evaluate(self.student, self.valset, self.engine, metric=self.metric, adapters=self.role_adapters,
+                            max_tokens=self.eval_tokens, failure_score=cfg.failure_score,
+                            progress=self.progress and "validate",
+                            metric_failure_score=cfg.metric_failure_score if cfg.metric_failure_score is not None
+                            else cfg.failure_score, distributed=self.distributed)
+        loop.revisions[step] = {a: self.policy.adapter_state(a) for a in adapters}
+        if cfg.skip_frozen and step == 0:
+            check_skippable(res["graphs"], self.frozen, roles(self.student))
+        record = {"kind": "eval", "step": step, "val_accuracy": res["accuracy"], "n": res["n"],
+                  "interval": [round(x, 4) for x in res["interval"]],
+                  "format_error_rate": res["format_error_rate"], "crash_rate": res["crash_rate"],
+                  "seconds": round(time.time() - t0, 2)}
+        self.log.append(record)
+        loop.history.append(record)
+        loop.evals.append((step, res["accuracy"]))
+        return res["accuracy"]
+
+    def guard_cliff(self, step: int) -> None:
+        """A cliff (``cliff_patience`` evaluations more than ``cliff_drop`` below the best): every adapter that moved
+        since the best revision goes back to it, its learning rate cut by ``cliff_lr_factor``; an event."""
+        cfg, loop, optimizers = self.cfg, self.state.loop, self.optimizers
+        cliff = detect_cliff(loop.evals, drop=cfg.cliff_drop, patience=cfg.cliff_patience,
+                             after_step=loop.last_rollback)
+        if cliff is None:
+            return
+        best = loop.revisions[cliff.best_step]
+        moved = [a for a in self.plan.adapters
+                 if any(not torch.equal(v, best[a][k]) for k, v in loop.revisions[step][a].items())]
+        for adapter in moved:
+            self.policy.restore_adapter(adapter, best[adapter])
+            optimizers.scale_lr(adapter, cfg.cliff_lr_factor)
+        self.hand_off(moved)
+        event = {"kind": "cliff", "action": "rollback", "step": step, "from_step": step, "to_step": cliff.best_step,
+                 "best_accuracy": cliff.best_accuracy, "fell_at": list(cliff.steps),
+                 "accuracies": list(cliff.accuracies), "drop": cfg.cliff_drop, "patience": cfg.cliff_patience,
+                 "adapters": moved, "lr_factor": cfg.cliff_lr_factor,
+                 "learning_rates": {a: optimizers.lr(a) for a in moved}}
+        self.log.append({"kind": "event", **{k: v for k, v in event.items() if k != "kind"}, "event": event["kind"]})
+        loop.events.append(event)
+        loop.history.append({"kind": "event", "step": step, "event": event["kind"], "to_step": cliff.best_step})
+        loop.last_rollback, loop.current = step, cliff.best_step
+
+    def checkpoint(self, step: int) -> None:
+        """The whole training state after ``step`` in ``run_dir/checkpoint/`` (one writer: every rank holds the
+        same state)."""
+        st = self.state
+        st.loop.step = step
+        if not self.main:
+            return
+        plan = self.plan
+        ckpt.save(self.run_dir, loop=st.loop, policy=self.policy, adapters=plan.adapters, optimizers=self.optimizers,
+                  sampler=self.sampler, student=self.student, fingerprint=self.fingerprint,
+                  plan={"spec": plan.spec, "role_adapters": self.role_adapters, "reasons": plan.reasons},
+                  revision_files=st.revision_files)
+
+    # ----- export ---------------------------------------------------------------------------------------------------
+    def export(self, program_import_path: str | None) -> CompiledProgram:
+        """Put the kept revision back (the best evaluated one, or with ``keep='last'`` the one the adapters hold
+        now: after a final rollback, the best one, not the step's own), plot the log, and package the artifact."""
+        cfg, loop, policy = self.cfg, self.state.loop, self.policy
+        best_step, best_val = loop.best_step, loop.best_val
+        keep_step = best_step if (cfg.keep == "best" and best_val is not None) else loop.current
+        for adapter, state in loop.revisions[keep_step].items():
+            policy.restore_adapter(adapter, state)
+        self.hand_off()
+        self.log.plot()
+        program = self.program
+        manifest = Manifest(
+            name=getattr(program, "name", "") or type(program).__name__,
+            base_model=policy.handle.name,
+            base_model_checksum=policy.handle.checksum,
+            program_import_path=program_import_path,
+            program_class=f"{type(program).__module__}:{type(program).__qualname__}",
+            roles={r: self.role_adapters.get(r) for r in self.role_map},  # a frozen role: None, the base model
+            backend=self.plan.spec,
+            backend_reasons=self.plan.reasons,
+            config={"metric": getattr(self.metric, "__name__", repr(self.metric)), **cfg.model_dump()},
+            history=loop.history,
+            best_step=best_step if best_val is not None else None,
+            revision_step=keep_step,
+            events=loop.events,
+            sampling={"temperature": 0.0, "max_tokens": self.eval_tokens},
+            package_versions=package_versions(),
+        )
+        return CompiledProgram(self.student, self.engine, manifest, policy=policy, revisions=loop.revisions,
+                               run_dir=self.run_dir)
