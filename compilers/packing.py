@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from wfc.attention import GQA_SDPA
-from wfc.constrain import unpack
+from wfc.constrain import additive_mask
 
 Group = tuple[Sequence[int], Sequence[Sequence[int]]]
 
@@ -168,9 +168,8 @@ def _token_logprobs(model: torch.nn.Module, batch: _Batch, *, fast: bool | None 
     if temperature != 1.0:
         logits = logits / temperature
     if batch.mask_index is not None:  # the grammar's masked distribution at constrained positions (wfc.constrain)
-        allowed = unpack(batch.bitmask, logits.shape[-1]).to(logits.device)
-        idx = batch.mask_index.to(logits.device)
-        logits = logits.index_put((idx,), logits[idx].masked_fill(~allowed, float("-inf")))
+        mask = additive_mask(batch.bitmask, logits.shape[-1]).to(logits.device)  # (M, V): 0 or -inf
+        logits = logits.index_add(0, batch.mask_index.to(logits.device), mask)
     logp = torch.log_softmax(logits, dim=-1)
     picked = logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
     if not entropy:

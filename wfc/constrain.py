@@ -298,6 +298,7 @@ class GrammarMasks:
     def fill(self, matcher, bitmask: torch.Tensor, row: int) -> None:
         llg_torch.fill_next_token_bitmask(matcher, bitmask, row)
 
+
     def replay(self, grammar: str, completion_ids: list[int]) -> torch.Tensor:
         """The bitmask (R, W) int32 in force at each of ``completion_ids``' positions; raises ValueError when the
         completion leaves the grammar (it was not decoded under it)."""
@@ -312,14 +313,17 @@ class GrammarMasks:
         return out
 
 
+def additive_mask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(N, W) int32 bitmask -> (N, vocab) float32: 0 where a token is allowed, -inf where not (vocab entries past
+    the bitmask are not allowed). Added to logits it masks them; llguidance's own kernel does the unpacking."""
+    out = torch.zeros(bitmask.shape[0], vocab, dtype=torch.float32)
+    llg_torch.apply_token_bitmask_inplace(out, bitmask.cpu())
+    return out
+
+
 def unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """(N, W) int32 bitmask -> (N, vocab) bool allowed-token mask (vocab entries past the bitmask are disallowed)."""
-    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    allowed = ((bitmask.unsqueeze(-1) >> bits) & 1).bool().view(bitmask.shape[0], -1)
-    if allowed.shape[1] >= vocab:
-        return allowed[:, :vocab]
-    pad = torch.zeros(bitmask.shape[0], vocab - allowed.shape[1], dtype=torch.bool, device=bitmask.device)
-    return torch.cat([allowed, pad], dim=1)
+    """(N, W) int32 bitmask -> (N, vocab) bool allowed-token mask."""
+    return additive_mask(bitmask, vocab) == 0
 
 
 def forced(bitmask: torch.Tensor) -> torch.Tensor:

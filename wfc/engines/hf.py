@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import torch
 
 from wfc.engines.base import AdapterRevision, Generation, GenerationRequest, SamplingParams
-from wfc.constrain import GrammarMasks, unpack
+from wfc.constrain import GrammarMasks, additive_mask
 from wfc.engines.batching import BatchingEngine
 from wfc.models import ModelHandle
 from wfc.policy import Policy
@@ -115,12 +115,14 @@ class _RowGrammars:
 
     def mask(self, scores: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()
-        for k, row in enumerate(self.rows):
+        for k, row in enumerate(self.rows):  # one at a time: llguidance's threads cost more than they save here
             self.masks.fill(self.matchers[row], self.bitmask, k)
-        allowed = unpack(self.bitmask, scores.shape[1]).to(scores.device)  # (rows, V)
-        rows = torch.tensor(self.rows, device=scores.device)
-        scores = scores.clone()
-        scores[rows] = scores[rows].masked_fill(~allowed, float("-inf"))
+        mask = additive_mask(self.bitmask, scores.shape[1]).to(scores.device)  # (rows, V): 0 or -inf
+        if len(self.rows) == scores.shape[0]:
+            scores = scores + mask.to(scores.dtype)
+        else:
+            rows = torch.tensor(self.rows, device=scores.device)
+            scores = scores.index_add(0, rows, mask.to(scores.dtype))
         self.mask_seconds += time.perf_counter() - start
         return scores
 
