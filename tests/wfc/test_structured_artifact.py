@@ -67,3 +67,22 @@ def test_structured_program_saved_loaded_elsewhere_served_and_called_with_respon
     assert "[[ ## answer ## ]]" in result["grammars"]["predict"]
     assert isinstance(result["chat"]["answer"], int)
     assert result["run"]["status"] == "ok" and isinstance(result["run"]["outputs"]["answer"], int)
+
+
+def test_a_react_agent_compiles_and_its_artifact_records_each_tools_argument_schema(tmp_path):
+    from programs.agents import calculator_agent
+
+    engine = HFEngine(load_model("tiny"))
+    try:
+        agent = calculator_agent(max_iters=2, thought_tokens=8)
+        compiled = MMGRPO(int_metric, steps=1, examples_per_step=2, group_size=2, max_tokens=96, eval_every=0,
+                          learning_rate=1e-3, lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+                          ).compile(agent, trainset=TRAIN, valset=TRAIN[:2], engine=engine)
+        manifest = json.loads((compiled.save(tmp_path / "agent") / "manifest.json").read_text())
+        graph = compiled.trace(TRAIN[0])
+    finally:
+        engine.close()
+    grammar = manifest["grammars"]["react"]
+    for tool in ("add", "subtract", "multiply", "divide", "finish"):
+        assert f'"{tool}"' in grammar
+    assert graph.status == "ok" and all(c.status == "ok" for c in graph.calls)
