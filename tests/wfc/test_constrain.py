@@ -200,3 +200,12 @@ def test_forced_tokens_carry_no_weight_in_the_update(tiny_handle):
     delta_all, _, _ = step(free_override=[True] * len(row.completion_ids))
     ratio = row.free_tokens / len(row.completion_ids)
     assert torch.allclose(delta_all, delta * ratio, rtol=1e-3, atol=1e-7)
+
+
+def test_engines_without_grammar_support_refuse_grammar_requests_saying_what_to_do():
+    from wfc.engines.base import refuse_grammars
+
+    refuse_grammars([GenerationRequest(messages=({"role": "user", "content": "hi"},))], "VLLMEngine")
+    with pytest.raises(ValueError, match="HF engine"):
+        refuse_grammars([GenerationRequest(messages=({"role": "user", "content": "hi"},), grammar="start: \"a\"")],
+                        "VLLMEngine")

@@ -83,6 +83,15 @@ def refuse_choices(sampling: SamplingParams, engine: str) -> None:
                          "declare its output as str")
 
 
+def refuse_grammars(requests: Sequence["GenerationRequest"], engine: str) -> None:
+    """Raise, saying what to do, when an engine that cannot decode under a grammar is asked to (never silently
+    unconstrained: the trainer would replay masks the engine did not apply)."""
+    if any(r.grammar is not None for r in requests):
+        raise ValueError(f"{engine} cannot yet decode under a grammar (structured decoding, wfc.constrain): run these "
+                         "roles on the HF engine (wfc.engines.hf.HFEngine), or turn it off with "
+                         "wfc.lower.Decoding(structured=False)")
+
+
 class GenerationRequest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -49,7 +49,7 @@ from vllm.lora.request import LoRARequest  # noqa: E402
 
 from wfc.artifact import write_adapter  # noqa: E402
 from wfc.engines.base import (AdapterRevision, Generation, GenerationRequest, SamplingParams,  # noqa: E402
-                              refuse_choices)
+                              refuse_choices, refuse_grammars)
 from wfc.engines.batching import BatchingEngine  # noqa: E402
 from wfc.models import ModelHandle, load_model  # noqa: E402
 
@@ -172,6 +172,7 @@ class VLLMEngine(BatchingEngine):
 
     def _generate_batch(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
         refuse_choices(sampling, "VLLMEngine")
+        refuse_grammars(requests, "VLLMEngine")
         prompts = [self.encode_prompt(r.messages) for r in requests]
         with self._lora_lock:
             missing = sorted({r.adapter for r in requests if r.adapter is not None} - set(self._loras))

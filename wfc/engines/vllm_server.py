@@ -60,7 +60,7 @@ from typing import Any, Sequence
 import torch
 
 from wfc.artifact import write_adapter
-from wfc.engines.base import AdapterRevision, Generation, GenerationRequest, SamplingParams, refuse_choices
+from wfc.engines.base import AdapterRevision, Generation, GenerationRequest, SamplingParams, refuse_choices, refuse_grammars
 from wfc.models import ModelHandle, load_model
 
 log = logging.getLogger(__name__)
@@ -433,6 +433,7 @@ class VLLMServerEngine:
     def _complete(self, request: GenerationRequest) -> Generation:
         sampling = request.sampling
         refuse_choices(sampling, "VLLMServerEngine")
+        refuse_grammars([request], "VLLMServerEngine")
         prompt = self.encode_prompt(request.messages)
         body = self._body(prompt, request.adapter, sampling, request.seed)
         while True:
