@@ -20,7 +20,7 @@ Invariants:
   ``.checkpoint.old-<pid>``; :func:`load` falls back to it.
 - everything a step draws from is restored: adapters, optimizer state, the sampler, every RNG, the bookkeeping of
   keep-best and cliff rollback, so a resumed compile repeats what the uninterrupted one would have done (as far as
-  the engine itself is deterministic: see the README's "Resume").
+  the engine itself is deterministic: see docs/resume.md).
 - :func:`load` verifies every file against its sha256 and refuses, naming what changed, a checkpoint written for
   another config, base model, role -> adapter plan, trainset, valset, metric or program class
   (:func:`fingerprint`). ``steps`` alone may change (:data:`RESUMABLE`): a resume may train longer or stop earlier;

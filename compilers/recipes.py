@@ -6,7 +6,7 @@ override any field: ``MMGRPO(metric, **{**RECIPES["better-together"], "steps": 2
 - ``dynamic``: the same plus DAPO dynamic sampling (flat examples replaced, two draw rounds at most) over examples
   whose running pass rate is strictly between 0 and 1 (the demo's previous recipe, 14 steps). Measured on the demo
   (2-core CPU): about half the drawn examples were flat at first, so a step rolled out about twice as many examples
-  for the same four trained ones; over three seeds it gained more evenly than ``weights-only`` (README, "The demo's
+  for the same four trained ones; over three seeds it gained more evenly than ``weights-only`` (docs/results.md, "The demo's
   figures, per seed").
 - ``fast``: ``dynamic`` at twice the learning rate (6e-4); what ``make demo`` ran (10 steps) before ``wide``.
   Measured on the demo, seed 1: validation 0.58 at step 5 against 0.30 for ``dynamic`` (0.43 at 1e-3, which learned
@@ -32,7 +32,7 @@ override any field: ``MMGRPO(metric, **{**RECIPES["better-together"], "steps": 2
   samples, so half of them taught little; the step's gradient then rested on 4 problems. With 4 rollouts a problem
   the groups are smaller but the step averages over 8 problems (dynamic sampling still drops the flat ones).
   Measured on the demo (seeded, alone): +0.400 / +0.507 / +0.170 on seeds 0 / 1 / 2 in 10.1-11.7 min, against +0.09
-  to +0.35 for ``fast``; the weak draw's voters lose their entropy by step 6 (README, "The demo's figures, per seed").
+  to +0.35 for ``fast``; the weak draw's voters lose their entropy by step 6 (docs/results.md, "The demo's figures, per seed").
 - ``wide-warmup``: ``wide`` with the learning rate ramped over the first two steps (3e-4, then 6e-4); what ``make
   demo`` runs (14 steps since stop 32: +0.510 / +0.557 / +0.460 on seeds 0 / 1 / 2, each within 5 points of the
   mean; 9m41s from a fresh clone on stop 32's machine). Why: AdamW's first steps move every LoRA weight by about the
@@ -41,7 +41,7 @@ override any field: ``MMGRPO(metric, **{**RECIPES["better-together"], "steps": 2
   updates, taken on 8 problems' noisy gradients, steer hardest; on the demo's weak draw (``wide``, seed 2) the voters'
   answer form was set by step 5. Measured on the demo (seeded; seeds 0 / 1 / 2 / 3): +0.507 / +0.410 / +0.373 /
   +0.540, mean +0.458, against ``wide``'s +0.400 / +0.507 / +0.170: the first recipe whose every seed gains 35 points
-  (README, "The demo's figures, per seed"). All four were still climbing at step 10; run to 14 steps (the demo's
+  (docs/results.md, "The demo's figures, per seed"). All four were still climbing at step 10; run to 14 steps (the demo's
   ``WFC_DEMO_STEPS=14``) they gain +0.507 / +0.530 / +0.460 / +0.540, within 5 points of their mean (+0.509; a second
   seed-0 draw, from a fresh clone: +0.563), where 10 steps spread 17 points; a higher rate in 10 steps instead (9e-4
   after a 3-step ramp) made the weak draw worse (+0.223).

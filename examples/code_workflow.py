@@ -8,7 +8,7 @@ pass@1 before and after on the held-out tasks with the paired difference and its
 own pass rate (its code before the reviewer and fixer see it) and how often the reviewer accepted (each accept saves
 a fixer call), which tell where a change came from. Measured with the defaults (70 min on the 2-core CPU), on 160
 held-out tasks from 0.475: seed 0 0.756, paired +0.281 [+0.199, +0.363]; seed 1 0.681, +0.206 [+0.130, +0.282];
-seed 2 0.725, +0.250 [+0.167, +0.333] (README, "Example workflows"). One run needs up to ~17 GB of memory at its
+seed 2 0.725, +0.250 [+0.167, +0.333] (docs/tasks.md, "Example workflows"). One run needs up to ~17 GB of memory at its
 update steps, so run seeds one after another on a 24 GB machine (``--set gradient_checkpointing=true``: one
 step's peak 12.7 -> 9.0 GB, its update 37% slower). The script is the template for a larger model
 (``--model /path/to/hf-model``).

@@ -9,7 +9,7 @@ Voting(n=3, skip_unanimous=True). Every training call samples with its own seed,
 the artifact, loads it back and answers one question. The measured variant that ends every answer at its first
 line (recipe ``finish``: 20 tokens, penalty 0.2 on cut calls) is ``WFC_DEMO_RECIPE=finish python examples/demo.py
 --stop '\\n'``.
-Figures and minutes measured on the 2-core CPU: README, "The demo's figures, per seed".
+Figures and minutes measured on the 2-core CPU: docs/results.md, "The demo's figures, per seed".
 
 Environment: WFC_DEMO_SEED (default 0: training seed), WFC_DEMO_STEPS (default 14), WFC_DEMO_OUT (artifact dir),
 WFC_DEMO_RUN_DIR (default runs/demo-seed<SEED>: checkpoints, metrics.jsonl, summary.json),
@@ -53,10 +53,10 @@ SIGNATURE = dspy.Signature("question -> answer", "Solve the math word problem. A
 RECIPE_NAME = os.environ.get("WFC_DEMO_RECIPE", "wide-warmup")
 RECIPE = get_recipe(RECIPE_NAME)
 # 14, not 10: at 10 steps the seeds' gains spread 17 points (all still climbing); at 14 they sit within ~5 of
-# their mean (README, "The demo's figures, per seed")
+# their mean (docs/results.md, "The demo's figures, per seed")
 STEPS = 14
 # every role's stop strings unless --stop / --no-stop say otherwise. None by default: `finish` with a newline stop
-# gained no more than `fast` over four runs and took longer (README, "The demo's figures, per seed")
+# gained no more than `fast` over four runs and took longer (docs/results.md, "The demo's figures, per seed")
 STOP: tuple[str, ...] = ()
 
 

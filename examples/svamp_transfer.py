@@ -25,7 +25,7 @@ large enough that the budget, not the step count, stops it.
 model directory); the measurement loads the same base from the artifact. ``--set key=value`` (repeatable, a JSON
 value) overrides one field of the recipe, e.g. ``--set group_size=2`` for a quick run.
 
-Figures and minutes measured on the 2-core CPU (smollm2-135m): README, "Transfer to SVAMP".
+Figures and minutes measured on the 2-core CPU (smollm2-135m): docs/results.md, "Transfer to SVAMP".
 """
 
 from __future__ import annotations

