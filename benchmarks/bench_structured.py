@@ -26,7 +26,7 @@ import dspy
 import torch
 
 from programs.agents import KeywordSearch, MultiHop, calculator_agent
-from wfc.constrain import GrammarMasks, json_grammar, signature_grammar, unpack
+from wfc.constrain import GrammarMasks, signature_grammar, unpack
 from wfc.engines.base import GenerationRequest, SamplingParams
 from wfc.engines.hf import HFEngine
 from wfc.lower import Decoding, run_rollouts
@@ -104,7 +104,6 @@ def libraries(tokenizer, steps: int = 400) -> dict:
                                                         "required": ["a", "b"]}},
               "required": ["thought", "tool", "args"], "additionalProperties": False}
     llg = GrammarMasks(tokenizer)
-    grammar = json_grammar({"x": int})  # warm-up of the tokenizer path
     grammar = f"start: %json {json.dumps(schema)}"
     info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=llg.vocab_size)
     compiled = xgrammar.GrammarCompiler(info).compile_json_schema(json.dumps(schema), any_whitespace=False)

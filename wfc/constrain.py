@@ -149,6 +149,12 @@ def with_budgets(signature, **budgets: int):
     return signature
 
 
+def field_budgets(signature, default: int) -> dict[str, int]:
+    """Each output field's free-text budget: the one :func:`with_budgets` stored in the field, else ``default``."""
+    return {name: int((info.json_schema_extra or {}).get("max_tokens", default))
+            for name, info in signature.output_fields.items()}
+
+
 def chat_grammar(fields: Mapping[str, Any], *, field_tokens: int | Mapping[str, int] = DEFAULT_FIELD_TOKENS,
                  max_tokens: int | None = None, tools: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """ChatAdapter's sections for ``fields`` (name -> annotation, in order). ``tools`` (ReAct: tool name -> JSON
@@ -272,7 +278,6 @@ class GrammarMasks:
     built once per instance (about 0.3 s for SmolLM2)."""
 
     def __init__(self, tokenizer):
-        self._llg = llguidance
         self.tokenizer = tokenizer
         self.ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer)
         self.vocab_size = self.ll_tokenizer.vocab_size
@@ -285,12 +290,12 @@ class GrammarMasks:
         with self._lock:
             error = self._checked.get(grammar)
             if error is None:
-                error = self._llg.LLMatcher.validate_grammar(self._llg.LLMatcher.grammar_from_lark(grammar),
+                error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(grammar),
                                                              self.ll_tokenizer)
                 self._checked[grammar] = error
         if error:
             raise ValueError(f"the decoding grammar does not compile ({error[:300]}): {grammar[:200]!r}")
-        return self._llg.LLMatcher(self.ll_tokenizer, self._llg.LLMatcher.grammar_from_lark(grammar), log_level=0)
+        return llguidance.LLMatcher(self.ll_tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
 
     def new_bitmask(self, rows: int) -> torch.Tensor:
         return llg_torch.allocate_token_bitmask(rows, self.vocab_size)

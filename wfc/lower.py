@@ -38,12 +38,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Mapping
 
 import dspy
-from pydantic import BaseModel, ConfigDict, Field
 from dspy.lm15 import Message, Response, TextPart, Usage
 from dspy.utils.exceptions import AdapterParseError
+from pydantic import BaseModel, ConfigDict, Field
 
 from wfc.adapter import CompactChatAdapter
-from wfc.constrain import DEFAULT_FIELD_TOKENS, react_tools, signature_grammar
+from wfc.constrain import DEFAULT_FIELD_TOKENS, field_budgets, react_tools, signature_grammar
 from wfc.engines.base import Engine, GenerationRequest, SamplingParams
 from wfc.retrieve import select_demos
 from wfc.rollout import CallNode, RolloutGraph
@@ -54,22 +54,13 @@ RoleAdapters = Mapping[str, str | None]
 class Decoding(BaseModel):
     """How calls are decoded beyond sampling. ``structured``: every call follows its signature's grammar
     (``wfc.constrain``), so it parses by construction; ``field_tokens``: a free-text output field's token budget,
-    unless the field declares its own (``dspy.OutputField(max_tokens=N)``)."""
+    unless the field carries its own (``wfc.constrain.with_budgets``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     structured: bool = True
     field_tokens: int = Field(DEFAULT_FIELD_TOKENS, ge=1)
 
-
-def field_budgets(signature, default: int) -> dict[str, int]:
-    """Each output field's free-text budget: its own ``max_tokens`` (``dspy.OutputField(max_tokens=N)``) or
-    ``default``."""
-    budgets = {}
-    for name, info in signature.output_fields.items():
-        extra = info.json_schema_extra or {}
-        budgets[name] = int(extra.get("max_tokens", default))
-    return budgets
 
 # the fan-out branch a call is made in: () outside any parallel_map, (i,) in item i, (i, j) in a nested one
 _BRANCH: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar("wfc_branch", default=())
@@ -233,10 +224,7 @@ class RoleEngine:
 
     def grammar(self, parser, max_tokens: int) -> str | None:
         """The grammar this role's calls follow under ``parser`` (None: unconstrained; ``wfc.constrain``)."""
-        if not self.decoding.structured:
-            return None
-        return signature_grammar(self.signature, parser, max_tokens=max_tokens, tools=self.tools,
-                                 field_tokens=field_budgets(self.signature, self.decoding.field_tokens))
+        return call_grammar(self.signature, parser, max_tokens=max_tokens, decoding=self.decoding, tools=self.tools)
 
     @staticmethod
     def _parser():
@@ -277,13 +265,19 @@ def role_grammars(program: dspy.Module, sampling: SamplingParams, decoding: Deco
     token limit: what an artifact records of its decoding."""
     tools = _react_tools(program)
     parser = adapter or CompactChatAdapter()
-    out = {}
-    for path, predictor in roles(program).items():
-        engine = RoleEngine(None, path, None, predictor.signature, sampling, None, decoding=decoding,
-                            tools=tools.get(id(predictor)))
-        out[path] = None if CompactChatAdapter.choices(predictor.signature) else engine.grammar(parser,
-                                                                                                sampling.max_tokens)
-    return out
+    return {path: None if CompactChatAdapter.choices(predictor.signature) else
+            call_grammar(predictor.signature, parser, max_tokens=sampling.max_tokens, decoding=decoding,
+                         tools=tools.get(id(predictor)))
+            for path, predictor in roles(program).items()}
+
+
+def call_grammar(signature, parser, *, max_tokens: int, decoding: Decoding,
+                 tools: Mapping[str, Mapping[str, Any]] | None = None) -> str | None:
+    """The grammar of one call of ``signature`` under ``parser`` and ``decoding`` (None: unconstrained)."""
+    if not decoding.structured:
+        return None
+    return signature_grammar(signature, parser, max_tokens=max_tokens, tools=tools,
+                             field_tokens=field_budgets(signature, decoding.field_tokens))
 
 
 def _react_tools(program: dspy.Module) -> dict[int, dict[str, dict[str, Any]]]:

@@ -29,8 +29,8 @@ from typing import Any, Sequence
 
 import torch
 
-from wfc.engines.base import AdapterRevision, Generation, GenerationRequest, SamplingParams
 from wfc.constrain import GrammarMasks, additive_mask
+from wfc.engines.base import AdapterRevision, Generation, GenerationRequest, SamplingParams
 from wfc.engines.batching import BatchingEngine
 from wfc.models import ModelHandle
 from wfc.policy import Policy
@@ -111,7 +111,7 @@ class _RowGrammars:
         self.matchers = [masks.matcher(g) if g is not None else None for g in grammars]
         self.rows = [i for i, m in enumerate(self.matchers) if m is not None]
         self.bitmask = masks.new_bitmask(len(self.rows))
-        self.mask_seconds = 0.0  # time spent computing masks (the cost benchmarks/bench_constrained.py reports)
+        self.mask_seconds = 0.0  # time spent computing masks (the cost benchmarks/bench_structured.py reports)
 
     def mask(self, scores: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()
