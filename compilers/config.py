@@ -84,6 +84,23 @@ class MMGRPOConfig(BaseModel):
     curriculum_key: str | None = Field(
         None, description="example field giving difficulty for the curriculum (None: trainset order is easiest first)")
     curriculum_start: float = Field(0.3, gt=0.0, le=1.0, description="share of the pool open at step 0")
+    pass_rate_probe: int = Field(
+        0, ge=0, description="before step 1, run the program this many times (sampled, as in training) on every "
+                             "training example and measure its pass rate (costs len(trainset) x this many runs, "
+                             "counted in max_rollout_tokens): the rates become the sampler's running pass rates "
+                             "(adaptive_rollouts and pass_band act on them from step 1) and, with curriculum_steps "
+                             "and no curriculum_key, the curriculum's order (most often passed first); 0: off")
+    adaptive_rollouts: bool = Field(
+        False, description="group size per drawn example from its running pass rate (compilers.sampling."
+                           "adaptive_group_sizes): the smallest with P(at least one pass) >= adaptive_target, "
+                           "between 2 and max_group_size, group_size while the rate is unknown; a draw's groups "
+                           "sum to at most adaptive_budget x group_size x examples drawn")
+    max_group_size: int = Field(32, ge=2, description="largest group adaptive_rollouts gives an example")
+    adaptive_target: float = Field(
+        0.8, gt=0.0, lt=1.0, description="chance of at least one pass in a group that adaptive_rollouts sizes for")
+    adaptive_budget: float = Field(
+        1.0, gt=0.0, description="adaptive_rollouts' rollouts per drawn example on average at most, in units of "
+                                 "group_size (1.0: what fixed groups cost, moved from easy examples to hard ones)")
     # prompt optimization composed with weight training (compilers.prompts; BetterTogether)
     strategy: Literal["w", "p", "p -> w"] = Field(
         "w", description="w: weights only; p: few-shot demos only; 'p -> w': bootstrap demos per role, then weights")
@@ -192,6 +209,13 @@ class MMGRPOConfig(BaseModel):
             raise ValueError("skip_frozen=True with counterfactual_roles: a counterfactual rerun would run the whole "
                              "program, frozen calls included, and score it against a stopped rollout; use one of "
                              "the two")
+        if self.adaptive_rollouts and self.max_group_size < self.group_size:
+            raise ValueError(f"max_group_size ({self.max_group_size}) is below group_size ({self.group_size}): "
+                             "adaptive_rollouts gives group_size to an example of unknown pass rate; raise "
+                             "max_group_size")
+        if self.adaptive_rollouts and self.adaptive_budget * self.group_size < 2:
+            raise ValueError(f"adaptive_budget={self.adaptive_budget} x group_size={self.group_size} leaves fewer "
+                             f"than 2 rollouts per example: use adaptive_budget >= {2 / self.group_size:g}")
         if len(set(self.frozen_roles)) != len(self.frozen_roles):
             raise ValueError(f"frozen_roles names a role twice: {self.frozen_roles}")
         return self

@@ -1,12 +1,14 @@
-"""A training step's diagnostics per role, for its ``metrics.jsonl`` record (``roles``): what the rollouts showed
+"""A training step's diagnostics, for its ``metrics.jsonl`` record: per role (``roles``), what the rollouts showed
 (calls, tokens, rewards, no-signal, format errors, truncation, entropy) and what the guards did in the update (fan-out
-weights, gradient norms and clipping, role balancing)."""
+weights, gradient norms and clipping, role balancing); and for the step (``starvation``), whether it was starved of
+signal: most drawn examples flat (every rollout scored the same), with the pass rate and the remedies in force."""
 
 from __future__ import annotations
 
 import statistics
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from compilers.config import MMGRPOConfig
 from compilers.group import Group
 from compilers.guards import cohort_sizes, member_key
 from wfc.rollout import RolloutGraph
@@ -67,3 +69,49 @@ def add_guard_stats(per_role: dict[str, dict[str, Any]], groups: list[Group], we
             adapter_grad_norm=upd.get(adapter, {}).get("grad_norm", 0.0),
             mass_share=st.get("mass_share", 0.0), mass_share_raw=st.get("mass_share_raw", 0.0),
             balance_weight=st.get("balance_weight", 1.0))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Starvation: a step whose drawn examples are mostly flat trains on (almost) nothing
+
+STARVED_ABOVE = 0.5  # "most": more than half of the drawn examples flat
+
+
+def remedies_in_force(cfg: MMGRPOConfig) -> list[str]:
+    """The remedies for a weak signal that ``cfg`` switches on, by config field name (in field order)."""
+    on = {"dynamic_sampling": cfg.dynamic_sampling, "pass_band": cfg.pass_band is not None,
+          "curriculum_steps": cfg.curriculum_steps > 0, "pass_rate_probe": cfg.pass_rate_probe > 0,
+          "adaptive_rollouts": cfg.adaptive_rollouts, "strategy=p -> w": cfg.strategy == "p -> w",
+          "retrieved_demos": cfg.retrieved_demos > 0}
+    return [name for name, flag in on.items() if flag]
+
+
+def starvation(flat: int, drawn: int, *, pass_rate: float | None, step_pass_rate: float | None,
+               remedies: Sequence[str], above: float = STARVED_ABOVE) -> dict[str, Any]:
+    """A step's ``starvation`` record: ``flat`` of the ``drawn`` examples had no signal (no trained group of theirs
+    held two different rewards); ``starved`` when their share is over ``above`` (never with nothing drawn).
+    ``pass_rate`` is the running one (the sampler's mean over the examples seen, None before any), ``step_pass_rate``
+    this step's (mean reward of the drawn rollouts, clipped to [0, 1]); ``remedies`` those in force."""
+    fraction = flat / drawn if drawn else 0.0
+    return {"flat": flat, "drawn": drawn, "flat_fraction": fraction, "starved": drawn > 0 and fraction > above,
+            "pass_rate": pass_rate, "step_pass_rate": step_pass_rate, "remedies": list(remedies)}
+
+
+def starvation_postfix(record: Mapping[str, Any]) -> dict[str, str]:
+    """The progress bar's postfix fields for a ``starvation`` record: flat examples, running pass rate, and on a
+    starved step the remedies in force."""
+    rate = record["pass_rate"]
+    out = {"flat": f"{record['flat']}/{record['drawn']}", "pass": "-" if rate is None else f"{rate:.2f}"}
+    if record["starved"]:
+        out["starved"] = "+".join(record["remedies"]) or "no remedy"
+    return out
+
+
+def starvation_note(step: int, record: Mapping[str, Any]) -> str:
+    """The sentence a starved step prints: what was flat, the pass rate, the remedies in force (or which to try)."""
+    rate = record["pass_rate"]
+    remedies = ", ".join(record["remedies"]) or ("none (try adaptive_rollouts, pass_rate_probe with "
+                                                 "curriculum_steps, dynamic_sampling)")
+    return (f"step {step} starved of signal: {record['flat']} of {record['drawn']} drawn examples were flat (every "
+            f"rollout scored the same); running pass rate {'unknown' if rate is None else f'{rate:.3f}'}; "
+            f"remedies in force: {remedies}")

@@ -9,10 +9,17 @@ checkpoint owns); the rest of it is rebuilt by every compile, resumed or not. On
 :meth:`~CompileRun.hand_off` and :meth:`~CompileRun.after_step` (log, validation, keep-best, cliff guard,
 checkpoint); a :class:`Step` carries one step's data from stage to stage.
 
+Signal where the base model is weak (each a config field, off by default; ``compilers.sampling``): the pass-rate
+probe (``pass_rate_probe``: a ``probe`` record before the step-0 validation) primes the sampler's running pass rates
+and may order the curriculum; ``adaptive_rollouts`` sizes each drawn example's group from its rate (the step record's
+``drawing.group_sizes``, beside ``drawing.indices``); every step record says under ``starvation`` how many drawn
+examples were flat, the running pass rate and the remedies in force, and a starved step says so on the progress bar.
+
 Invariants (a resumed compile repeats the uninterrupted one: ``tests/compilers/test_resume.py``): the stages draw
 random numbers in one fixed order (after ``torch.manual_seed(cfg.seed)``: the ``auto`` trace, LoRA init, bootstrap,
 then per step the sampler, the rollouts, counterfactual reruns and the update), and nothing draws between a
-resume's restore of the RNGs and the next step.
+resume's restore of the RNGs and the next step. The pass-rate probe (a fresh run's, before the step-0 validation)
+samples with seeds of its own and draws from no global generator; what it measured is in the sampler's state.
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ from compilers.backends import BackendPlan, resolve_backend
 from compilers.config import MMGRPOConfig
 from compilers.counterfactual import counterfactual_credit
 from compilers.credit import get_credit
-from compilers.diagnostics import add_guard_stats, role_stats
+from compilers.diagnostics import (add_guard_stats, remedies_in_force, role_stats, starvation, starvation_note,
+                                   starvation_postfix)
 from compilers.distributed import Distributed, from_env
 from compilers.group import Group, build_groups
 from compilers.guards import adapter_learning_rates, check_role_keys, detect_cliff, entropy_bonus, fanout_weights
@@ -45,7 +53,7 @@ from compilers.prepare import (check_frozen, check_same_compile, check_skippable
                                without_frozen)
 from compilers.prompts import apply_demos, bootstrap_demos, retrieval_pools
 from compilers.runlog import RunLog
-from compilers.sampling import PromptSampler, signal_examples
+from compilers.sampling import PromptSampler, adaptive_group_sizes, signal_examples
 from compilers.schedule import lr_multiplier
 from compilers.score import score_rollout
 from compilers.update import AdapterOptimizers, adapter_parameters
@@ -80,6 +88,7 @@ class Step:
     step: int
     rollouts: list[list[RolloutGraph]] = field(default_factory=list)
     drawing: dict[str, Any] = field(default_factory=dict)
+    starvation: dict[str, Any] = field(default_factory=dict)  # flat examples, pass rate, remedies in force
     all_groups: list[Group] = field(default_factory=list)  # every role's, a frozen role's too
     groups: list[Group] = field(default_factory=list)  # the trained roles': what the update trains
     scored: list = field(default_factory=list)  # the trained groups' advantage results (the no-signal rate)
@@ -121,6 +130,7 @@ class CompileRun:
         self.state = RunState(steps=cfg.steps)
         self.eval_tokens = cfg.eval_max_tokens or cfg.max_tokens
         self.sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens)
+        self.remedies = remedies_in_force(cfg)
 
     # ----- setup ----------------------------------------------------------------------------------------------------
     def place(self, engine, policy: Policy | None, model: str, distributed: Distributed | None,
@@ -258,11 +268,49 @@ class CompileRun:
 
     # ----- start: the step-0 baseline, or a resume ------------------------------------------------------------------
     def baseline(self) -> None:
-        """A fresh run: validate the untrained adapters (step 0) and checkpoint."""
+        """A fresh run: the pass-rate probe (``pass_rate_probe``), validate the untrained adapters (step 0) and
+        checkpoint."""
+        self.probe()
         loop = self.state.loop
         loop.val = self.validate(0)
         loop.best_step, loop.best_val = 0, loop.val
         self.checkpoint(0)
+
+    def probe(self) -> None:
+        """``pass_rate_probe``: every training example's pass rate under the untrained program (rank 0 measures,
+        every rank gets it), primed into the sampler (with a curriculum and no ``curriculum_key``, as its order
+        too); a ``probe`` record (the rates per example in trainset order, their mean, the share of examples passed
+        at least once); its tokens count in ``max_rollout_tokens``."""
+        cfg = self.cfg
+        if not cfg.pass_rate_probe or self.state.steps == 0:  # strategy "p" trains no step: nothing to steer
+            return
+        t0 = time.time()
+        rates, tokens = self.distributed.broadcast(self.measure_pass_rates() if self.main else None)
+        order = cfg.curriculum_steps > 0 and cfg.curriculum_key is None
+        self.sampler.prime(rates, order=order)
+        self.state.loop.spent += tokens
+        record = {"kind": "probe", "runs_per_example": cfg.pass_rate_probe, "examples": len(rates),
+                  "pass_rate": statistics.fmean(rates), "pass_at_k": sum(r > 0 for r in rates) / len(rates),
+                  "completion_tokens": tokens, "orders_curriculum": order, "rates": rates,
+                  "seconds": round(time.time() - t0, 2)}
+        self.log.append(record)
+        if self.progress:
+            print(f"pass-rate probe: {cfg.pass_rate_probe} runs x {len(rates)} examples, pass rate "
+                  f"{record['pass_rate']:.3f}, {sum(r > 0 for r in rates)} examples passed at least once "
+                  f"({record['seconds']:.0f}s)")
+
+    def measure_pass_rates(self) -> tuple[list[float], int]:
+        """Per training example, the mean reward (clipped to [0, 1]) of ``pass_rate_probe`` sampled runs, seeded
+        (seed, "probe", index); and the completion tokens they generated."""
+        cfg = self.cfg
+        rollouts = run_rollouts(self.student, self.trainset, self.engine, repeats=cfg.pass_rate_probe,
+                                adapters=self.role_adapters, sampling=self.sampling, max_workers=cfg.rollout_workers,
+                                seeds=[derive_seed(cfg.seed, "probe", i) for i in range(len(self.trainset))],
+                                stop_roles=self.frozen if cfg.skip_frozen else ())
+        rates = [statistics.fmean(min(max(score_rollout(self.metric, g, failure_score=cfg.failure_score,
+                                                        metric_failure_score=cfg.metric_failure_score), 0.0), 1.0)
+                                  for g in graphs) for graphs in rollouts]
+        return rates, sum(len(c.completion_ids) for graphs in rollouts for g in graphs for c in g.calls)
 
     def resume(self) -> None:
         """A resumed run: cut the log back, restore the checkpointed state (RNGs last: nothing draws before the next
@@ -288,6 +336,7 @@ class CompileRun:
         st = self.state
         bar = tqdm(range(st.loop.step + 1, st.steps + 1), desc="mmGRPO", disable=not self.progress,
                    initial=st.loop.step, total=st.steps)
+        starved_before = False
         for step in bar:
             if self.budget_spent(step):
                 break
@@ -307,7 +356,11 @@ class CompileRun:
             self.after_step(s, record)
             bar.set_postfix(reward=f"{record['reward_mean']:.2f}",
                             val=f"{st.loop.val:.2f}" if st.loop.val is not None else "-",
-                            fmt=f"{record['format_error_rate']:.2f}", crash=record["crashes"])
+                            fmt=f"{record['format_error_rate']:.2f}", crash=record["crashes"],
+                            **starvation_postfix(s.starvation))
+            if self.progress and s.starvation["starved"] and not starved_before:  # once per starved stretch
+                bar.write(starvation_note(step, s.starvation))
+            starved_before = s.starvation["starved"]
 
     def budget_spent(self, step: int) -> bool:
         """``max_rollout_tokens`` spent before ``step``: the previous step is the last (validated here if it was
@@ -323,18 +376,14 @@ class CompileRun:
                 loop.best_step, loop.best_val = st.steps, loop.val
         return True
 
-    def roll_out(self, indices: list[int], step: int) -> tuple[list[list[RolloutGraph]], dict[str, int]]:
-        """The scored, credited rollouts of ``indices`` (this rank's shard run here, the rest gathered) and what
-        counterfactual credit's reruns cost."""
+    def roll_out(self, indices: list[int], step: int, *,
+                 sizes: list[int] | None = None) -> tuple[list[list[RolloutGraph]], dict[str, int]]:
+        """The scored, credited rollouts of ``indices`` (``group_size`` each, or ``sizes[k]`` for ``indices[k]``;
+        this rank's shard run here, the rest gathered) and what counterfactual credit's reruns cost."""
         cfg, distributed, metric = self.cfg, self.distributed, self.metric
-        mine = distributed.shard(indices)
-        examples = [self.trainset[i] for i in mine]
-        # an example's rollouts at a step sample with seeds of their own (seed, step, example index): the
-        # draw repeats whatever the thread timing and whichever rank runs it
-        seeds = [derive_seed(cfg.seed, "rollout", step, i) for i in mine]
-        rollouts = run_rollouts(self.student, examples, self.engine, repeats=cfg.group_size,
-                                adapters=self.role_adapters, sampling=self.sampling, max_workers=cfg.rollout_workers,
-                                seeds=seeds, stop_roles=self.frozen if cfg.skip_frozen else ()) if examples else []
+        mine = distributed.shard(list(zip(indices, sizes or [cfg.group_size] * len(indices))))
+        examples = [self.trainset[i] for i, _ in mine]
+        rollouts = self.run_groups(mine, step, adaptive=sizes is not None) if examples else []
         cost = {"runs": 0, "completion_tokens": 0}
         for graphs in rollouts:
             for g in graphs:
@@ -354,11 +403,44 @@ class CompileRun:
             cost = {k: sum(c[k] for _, c in parts) for k in cost}
         return rollouts, cost
 
+    def run_groups(self, mine: list[tuple[int, int]], step: int, *, adaptive: bool) -> list[list[RolloutGraph]]:
+        """The unscored rollouts of ``(example index, group size)`` pairs, every one in flight together. An
+        example's rollouts at a step sample with seeds of their own, so the draw repeats whatever the thread timing
+        and whichever rank runs it: fixed groups trace rollout r of example i with ``derive_seed(derive_seed(seed,
+        "rollout", step, i), r)`` (``run_rollouts``' rule); adaptive ones from ``derive_seed(seed, "rollout", step,
+        i, r)``, so an example's first n rollouts are the same whatever its group size."""
+        cfg = self.cfg
+        common = dict(adapters=self.role_adapters, sampling=self.sampling, max_workers=cfg.rollout_workers,
+                      stop_roles=self.frozen if cfg.skip_frozen else ())
+        if not adaptive:
+            return run_rollouts(self.student, [self.trainset[i] for i, _ in mine], self.engine,
+                                repeats=cfg.group_size, seeds=[derive_seed(cfg.seed, "rollout", step, i)
+                                                               for i, _ in mine], **common)
+        jobs = [(k, i, r) for k, (i, n) in enumerate(mine) for r in range(n)]
+        single = run_rollouts(self.student, [self.trainset[i] for _, i, _ in jobs], self.engine, repeats=1,
+                              seeds=[derive_seed(cfg.seed, "rollout", step, i, r) for _, i, r in jobs], **common)
+        out: list[list[RolloutGraph]] = [[] for _ in mine]
+        for (k, _, _), graphs in zip(jobs, single):
+            out[k].extend(graphs)
+        return out
+
+    def group_sizes(self, indices: list[int]) -> list[int] | None:
+        """``adaptive_rollouts``: each drawn example's group size from its running pass rate, within
+        ``adaptive_budget`` x ``group_size`` rollouts per drawn example; None: fixed groups of ``group_size``."""
+        cfg = self.cfg
+        if not cfg.adaptive_rollouts:
+            return None
+        budget = math.floor(cfg.adaptive_budget * cfg.group_size * len(indices) + 1e-9)
+        return adaptive_group_sizes([self.sampler.rates.get(i) for i in indices], base=cfg.group_size,
+                                    max_size=cfg.max_group_size, budget=budget, target=cfg.adaptive_target)
+
     def collect(self, s: Step) -> None:
         """The step's rollouts: ``examples_per_step`` examples, or (dynamic sampling) as many examples with signal,
-        drawing replacements for flat ones for up to ``max_draw_rounds`` rounds; counts the tokens spent."""
+        drawing replacements for flat ones for up to ``max_draw_rounds`` rounds; group sizes (``adaptive_rollouts``)
+        from the running pass rates before each round; counts the tokens spent and the flat examples."""
         cfg, sampler = self.cfg, self.sampler
-        quota, kept, drawn, flat, rounds, rewards, tokens = cfg.examples_per_step, [], [], 0, 0, [], 0
+        quota, kept, drawn, dropped, flat, rounds, rewards, tokens = cfg.examples_per_step, [], [], 0, 0, 0, [], 0
+        sizes_drawn: list[int] = []
         cf_cost = {"runs": 0, "completion_tokens": 0}  # counterfactual credit's cost in this step
         while len(kept) < quota and rounds < (cfg.max_draw_rounds if cfg.dynamic_sampling else 1):
             rate = len(kept) / len(drawn) if drawn else 1.0  # oversample by the signal rate seen so far
@@ -367,7 +449,9 @@ class CompileRun:
             if not indices:
                 break
             drawn.extend(indices)
-            rollouts, cost = self.roll_out(indices, s.step)
+            sizes = self.group_sizes(indices)
+            sizes_drawn.extend(sizes or [])
+            rollouts, cost = self.roll_out(indices, s.step, sizes=sizes)
             for k in cf_cost:
                 cf_cost[k] += cost[k]
             signal = signal_examples(trained_groups(self.build_groups(rollouts), self.role_adapters), len(indices))
@@ -375,20 +459,27 @@ class CompileRun:
             tokens += sum(len(c.completion_ids) for graphs in rollouts for g in graphs for c in g.calls)
             for i, graphs, has in zip(indices, rollouts, signal):
                 sampler.observe(i, statistics.fmean(min(max(g.reward, 0.0), 1.0) for g in graphs))
+                flat += not has
                 if has or not cfg.dynamic_sampling:
                     kept.append(graphs)
                 else:
-                    flat += 1
+                    dropped += 1
             rounds += 1
         sampler.advance()
         tokens += cf_cost["completion_tokens"]  # the budget counts what counterfactual reruns generated
         self.state.loop.spent += tokens
         s.rollouts = kept
+        summary = sampler.summary()
         s.drawing = {"reward_mean_drawn": statistics.fmean(rewards) if rewards else None,
                      "completion_tokens": tokens, "counterfactual": dict(cf_cost),
-                     "examples_drawn": len(drawn), "examples_kept": len(kept), "examples_flat": flat,
-                     "draw_rounds": rounds, "sampler": sampler.summary(),
+                     "examples_drawn": len(drawn), "examples_kept": len(kept), "examples_flat": dropped,
+                     "indices": drawn,
+                     "draw_rounds": rounds, "sampler": summary, "rollouts_drawn": len(rewards),
+                     "group_sizes": sizes_drawn if cfg.adaptive_rollouts else None,
                      "completion_tokens_total": self.state.loop.spent}
+        s.starvation = starvation(flat, len(drawn), pass_rate=summary.get("mean_pass_rate"),
+                                  step_pass_rate=(statistics.fmean(min(max(r, 0.0), 1.0) for r in rewards)
+                                                  if rewards else None), remedies=self.remedies)
 
     def build_groups(self, rollouts: list[list[RolloutGraph]]) -> list[Group]:
         cfg = self.cfg
@@ -455,6 +546,7 @@ class CompileRun:
             "reward_mean": drawing["reward_mean_drawn"] if drawing["reward_mean_drawn"] is not None else 0.0,
             "rollouts": len(graphs),
             "drawing": drawing,
+            "starvation": s.starvation,
             "role_advantage_scales": s.scales,
             "lr_multiplier": round(s.lr_mult, 6),
             "learning_rates": {a: self.optimizers.lr(a) for a in self.plan.adapters},

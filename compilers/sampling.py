@@ -15,7 +15,14 @@ for a step:
   ``replay_after`` steps (the policy may have learnt enough by then), too-easy ones are retired for the epoch;
 - **curriculum** (``curriculum_steps > 0``): the pool is ordered by ``difficulty[i]`` (easiest first) and only the
   easiest ``min(1, start + (1 - start) * step / curriculum_steps)`` fraction is drawn from; it grows to the whole
-  pool by step ``curriculum_steps``.
+  pool by step ``curriculum_steps``. Where the task gives no difficulty, :func:`difficulty_from_rates` turns a
+  measured pass rate per example (the compile's ``pass_rate_probe``) into one, and :meth:`PromptSampler.prime`
+  installs both the order and the rates.
+
+How many rollouts each drawn example gets: ``group_size`` each, or (``adaptive_rollouts``) the sizes
+:func:`adaptive_group_sizes` gives from the running pass rates: an example that rarely passes gets a larger group, so
+that its group likely holds a success (a group with a success on a hard example is signal; a group of failures is
+none), within a budget of rollouts per draw taken from the examples that pass often.
 
 The sampler is deterministic given its seed and the rewards it is shown, and its whole state is a JSON-able dict
 (:meth:`PromptSampler.state_dict`), so a resumed compile draws exactly what an uninterrupted one would.
@@ -49,6 +56,48 @@ def curriculum_fraction(step: int, *, steps: int, start: float) -> float:
     return min(1.0, start + (1.0 - start) * max(step, 0) / steps)
 
 
+def group_size_for(rate: float | None, *, base: int, max_size: int, target: float) -> int:
+    """The rollouts an example with running pass rate ``rate`` wants: ``base`` while the rate is unknown (None), else
+    the smallest ``n`` in ``[2, max_size]`` with ``P(at least one pass in n) = 1 - (1 - rate)**n >= target``
+    (``max_size`` when none reaches it, a rate of 0 included). Rates are clipped to ``[0, 1]``."""
+    if rate is None:
+        return base
+    miss = 1.0 - min(max(float(rate), 0.0), 1.0)
+    for n in range(2, max_size + 1):
+        if 1.0 - miss**n >= target - 1e-12:  # the tolerance: 1 - 0.5**2 must meet a target of 0.75
+            return n
+    return max_size
+
+
+def adaptive_group_sizes(rates: Sequence[float | None], *, base: int, max_size: int, budget: int,
+                         target: float) -> list[int]:
+    """Group size per drawn example (same order as ``rates``), summing to at most ``budget`` rollouts.
+
+    Each example wants :func:`group_size_for` its rate. When the wants sum to more than ``budget``, they are capped
+    at one level ``c`` (the largest with ``sum(min(want, c)) <= budget``; water-filling: the smallest wants are met
+    whole, the largest are cut to the same size) and the rollouts left below ``budget`` go one each to the examples
+    still cut, largest want first, ties in draw order. Deterministic; every size is at least 2. A ``budget`` below
+    2 per example is a ``ValueError``."""
+    if budget < 2 * len(rates):
+        raise ValueError(f"a budget of {budget} rollouts cannot give {len(rates)} examples a group of 2 each: "
+                         f"raise the budget (adaptive_budget) to at least {2 * len(rates)}")
+    wants = [group_size_for(r, base=base, max_size=max_size, target=target) for r in rates]
+    if sum(wants) <= budget:
+        return wants
+    cap = max(c for c in range(2, max(wants) + 1) if sum(min(w, c) for w in wants) <= budget)
+    sizes = [min(w, cap) for w in wants]
+    cut = sorted((i for i, w in enumerate(wants) if w > cap), key=lambda i: (-wants[i], i))
+    for i in cut[: budget - sum(sizes)]:
+        sizes[i] += 1
+    return sizes
+
+
+def difficulty_from_rates(rates: Sequence[float]) -> list[float]:
+    """A curriculum's difficulty from measured pass rates: ``1 - rate`` (so the easiest, most often passed, come
+    first; equal rates keep trainset order, :class:`PromptSampler`'s tie rule)."""
+    return [1.0 - float(r) for r in rates]
+
+
 def signal_examples(groups: Iterable, n_examples: int) -> list[bool]:
     """Per example index: does any of its groups have rewards that differ (signal for a group-relative update)?"""
     has = [False] * n_examples
@@ -79,9 +128,7 @@ class PromptSampler:
         self.replay_after = replay_after
         self.curriculum_steps = curriculum_steps
         self.curriculum_start = curriculum_start
-        # easiest first; ties keep trainset order, so a generated curriculum can be given by its order alone
-        self.by_difficulty = (sorted(range(n), key=lambda i: (difficulty[i], i)) if difficulty is not None
-                              else list(range(n)))
+        self.by_difficulty = easiest_first(difficulty) if difficulty is not None else list(range(n))
         self.rng = random.Random(seed)
         self.rates: dict[int, float] = {}
         self.seen: dict[int, int] = {}
@@ -149,6 +196,16 @@ class PromptSampler:
         self.rates[index] = ema(self.rates.get(index), float(pass_rate), self.alpha)
         self.seen[index] = self.seen.get(index, 0) + 1
 
+    def prime(self, rates: Sequence[float], *, order: bool) -> None:
+        """Measured pass rates, one per example (before any step): each becomes that example's running pass rate
+        (its first observation; ``seen`` is not counted), and with ``order`` its curriculum difficulty
+        (:func:`difficulty_from_rates`). Both are in :meth:`state_dict`, so a resume does not measure again."""
+        if len(rates) != self.n:
+            raise ValueError(f"{len(rates)} pass rates for {self.n} examples: give one per example")
+        self.rates = {i: float(r) for i, r in enumerate(rates)}
+        if order:
+            self.by_difficulty = easiest_first(difficulty_from_rates(rates))
+
     def advance(self) -> None:
         """End of a step: the curriculum and replay clocks move on."""
         self.step += 1
@@ -167,7 +224,7 @@ class PromptSampler:
     def state_dict(self) -> dict[str, Any]:
         return {"rates": {str(k): v for k, v in self.rates.items()}, "seen": {str(k): v for k, v in self.seen.items()},
                 "replay": {str(k): v for k, v in self.replay.items()}, "queue": list(self.queue),
-                "epoch": self.epoch, "step": self.step, "rng": _rng_state(self.rng)}
+                "epoch": self.epoch, "step": self.step, "rng": _rng_state(self.rng), "order": list(self.by_difficulty)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rates = {int(k): float(v) for k, v in state["rates"].items()}
@@ -176,6 +233,14 @@ class PromptSampler:
         self.queue = [int(i) for i in state["queue"]]
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
         self.rng.setstate(_rng_from(state["rng"]))
+        if "order" in state:  # a checkpoint written before the order was saved keeps the constructor's
+            self.by_difficulty = [int(i) for i in state["order"]]
+
+
+def easiest_first(difficulty: Sequence[float]) -> list[int]:
+    """Indices by ``difficulty`` ascending; ties keep trainset order, so a generated curriculum can be given by its
+    order alone."""
+    return sorted(range(len(difficulty)), key=lambda i: (difficulty[i], i))
 
 
 def _rng_state(rng: random.Random) -> list:

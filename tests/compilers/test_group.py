@@ -2,7 +2,10 @@
 
 import pytest
 
+from compilers.advantages import group_advantages
 from compilers.group import build_groups, call_reward
+from compilers.guards import fanout_weights
+from compilers.sampling import signal_examples
 from wfc.rollout import CallNode, RolloutGraph
 
 
@@ -143,3 +146,17 @@ def test_overlong_penalty_by_hand():
     assert group.rewards == pytest.approx([1.0, 0.7, -0.3, -0.5])
     (plain,) = build_groups([rollouts])  # off by default: the length of a call does not count
     assert plain.rewards == [1.0, 1.0, 0.0, -0.5]
+
+
+def test_groups_of_unequal_sizes_across_examples():
+    # adaptive rollouts: 5 rollouts of a hard example, 2 of an easy one, 2 of a flat one; each group is one example's
+    rollouts = [[rollout([call(0, "r", 0)], x) for x in rewards] for rewards in ([0, 0, 0, 0, 1], [1, 0], [1, 1])]
+    groups = build_groups(rollouts)
+    assert [(g.example, len(g.members)) for g in groups] == [(0, 5), (1, 2), (2, 2)]
+    assert [[m.rollout for m in g.members] for g in groups] == [[0, 1, 2, 3, 4], [0, 1], [0, 1]]
+    scored = [group_advantages(g.rewards, "dr_grpo") for g in groups]
+    assert scored[0].advantages == pytest.approx([-0.2, -0.2, -0.2, -0.2, 0.8])  # mean 0.2 of its own five
+    assert scored[1].advantages == pytest.approx([0.5, -0.5])
+    assert scored[2].advantages == [0.0, 0.0] and scored[2].no_signal
+    assert signal_examples(groups, 3) == [True, True, False]
+    assert set(fanout_weights(groups).values()) == {1.0}  # one call per rollout: no fan-out weights

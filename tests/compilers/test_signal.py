@@ -1,5 +1,7 @@
 """Signal per step on the tiny real model: dynamic sampling, the pass band, the curriculum, per-role advantage
-normalisation, verified credit and bootstrapped demos (BetterTogether), each visible in the log and the artifact."""
+normalisation, verified credit, bootstrapped demos (BetterTogether), and the remedies where the base is weak
+(starvation said plainly, adaptive rollouts, a curriculum by measured pass rate), each visible in the log and the
+artifact."""
 
 import json
 
@@ -9,8 +11,11 @@ import pytest
 import wfc
 from compilers import MMGRPO
 from compilers.prompts import bootstrap_demos
+from compilers.sampling import adaptive_group_sizes, difficulty_from_rates, easiest_first
 from programs import Voting
 from tiny_setup import SIG, TRAIN, length_metric, tiny_config
+from wfc.engines.hf import HFEngine
+from wfc.models import load_model
 
 
 def steps_of(compiled):
@@ -145,3 +150,67 @@ def test_overlong_penalty_on_tiny_rollouts_charges_exactly_the_cut_calls(engine,
         Voting(SIG, n=2), trainset=TRAIN, engine=engine, run_dir=tmp_path / "run", progress=False)
     stats = steps_of(compiled)[0]["roles"]["voter"]
     assert 0.0 < stats["truncated_rate"] <= 1.0
+
+
+# ----- signal where the base model is weak: starvation said plainly, adaptive rollouts, a measured curriculum -----
+
+def test_a_starved_step_says_so_in_the_log_and_on_the_progress_bar(engine, tmp_path, capsys):
+    compiled = MMGRPO(always, **tiny_config(steps=2)).compile(
+        Voting(SIG, n=2), trainset=TRAIN, engine=engine, run_dir=tmp_path / "s", progress=True)
+    for record in steps_of(compiled):
+        assert record["starvation"] == {"flat": 2, "drawn": 2, "flat_fraction": 1.0, "starved": True,
+                                        "pass_rate": 1.0, "step_pass_rate": 1.0, "remedies": []}
+    out = capsys.readouterr().out
+    # said once per starved stretch (steps 1 and 2 are one), with what to try
+    assert out.count("starved of signal") == 1 and "step 1 starved of signal: 2 of 2 drawn examples" in out
+    assert "remedies in force: none (try adaptive_rollouts" in out
+
+
+def probe_of(run_dir):
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r["kind"] == "probe"]
+
+
+def test_adaptive_rollouts_size_each_group_by_its_pass_rate(engine, tmp_path):
+    run_dir = tmp_path / "a"
+    compiled = MMGRPO(length_metric, **tiny_config(
+        steps=2, group_size=3, max_group_size=6, adaptive_rollouts=True, adaptive_budget=2.0,
+        pass_rate_probe=2)).compile(Voting(SIG, n=2), trainset=TRAIN, engine=engine, run_dir=run_dir, progress=False)
+    [probe] = probe_of(run_dir)
+    steps = steps_of(compiled)
+    for record in steps:
+        d = record["drawing"]
+        assert len(d["group_sizes"]) == len(d["indices"]) == d["examples_drawn"] == 2
+        assert all(2 <= n <= 6 for n in d["group_sizes"]) and sum(d["group_sizes"]) <= 2 * 3 * 2
+        assert record["rollouts"] == d["rollouts_drawn"] == sum(d["group_sizes"])  # every rollout reaches the update
+        assert record["starvation"]["remedies"] == ["pass_rate_probe", "adaptive_rollouts"]
+    d = steps[0]["drawing"]  # step 1 sizes come from the probe's rates
+    assert d["group_sizes"] == adaptive_group_sizes([probe["rates"][i] for i in d["indices"]], base=3, max_size=6,
+                                                    budget=12, target=0.8)
+    assert all(v.abs().sum() > 0 for k, v in engine.policy.model.named_parameters() if "lora_B" in k)
+
+
+def test_curriculum_ordered_by_the_measured_pass_rate_survives_a_resume(engine, tmp_path):
+    run_dir = tmp_path / "c"
+    config = tiny_config(steps=1, pass_rate_probe=2, curriculum_steps=2, curriculum_start=0.5, eval_every=0)
+    compiled = MMGRPO(length_metric, **config).compile(Voting(SIG, n=2), trainset=TRAIN, engine=engine,
+                                                       run_dir=run_dir, progress=False)
+    [probe] = probe_of(run_dir)
+    assert probe["orders_curriculum"] and probe["runs_per_example"] == 2 and len(probe["rates"]) == 12
+    assert probe["pass_at_k"] == sum(r > 0 for r in probe["rates"]) / 12 and probe["completion_tokens"] > 0
+    order = easiest_first(difficulty_from_rates(probe["rates"]))
+    saved = json.loads((run_dir / "checkpoint" / "checkpoint.json").read_text())["sampler"]
+    assert saved["order"] == order
+    first = steps_of(compiled)[0]["drawing"]
+    assert set(first["indices"]) <= set(order[:6])  # the most often passed half is open at step 1
+    # the probe's tokens count in the budget
+    assert first["completion_tokens_total"] == probe["completion_tokens"] + first["completion_tokens"]
+    again = HFEngine(load_model("tiny"), batch_wait_s=0.02)
+    try:
+        resumed = MMGRPO(length_metric, **{**config, "steps": 2}).compile(
+            Voting(SIG, n=2), trainset=TRAIN, engine=again, run_dir=run_dir, progress=False, resume=run_dir)
+    finally:
+        again.close()
+    assert len(probe_of(run_dir)) == 1  # not measured again: the order came back with the sampler
+    second = steps_of(resumed)[-1]["drawing"]
+    assert set(second["indices"]) <= set(order[:9])  # three quarters at step 2
