@@ -112,3 +112,22 @@ def resolve_backend(backend: Any, role_paths: Sequence[str]) -> BackendPlan:
         raise ValueError("backend='auto' is chosen from traced rollouts: call compilers.auto.plan(program, examples, "
                          "engine) or pass backend='auto' to MMGRPO.compile")
     raise ValueError(f"backend must be one of {sorted(BACKENDS) + ['auto']} or a dict role -> group, got {backend!r}")
+
+
+def fresh_names(plan: BackendPlan, taken: Sequence[str]) -> BackendPlan:
+    """``plan`` with every adapter whose name is in ``taken`` (adapters the policy already holds: an earlier compile
+    on the same engine, e.g. a second weight step of ``dspy.BetterTogether``) renamed ``name-2``, ``name-3``, ...,
+    so a compile never overwrites weights another program still routes to. Unchanged when nothing collides."""
+    taken, renamed = set(taken), {}
+    for name in plan.adapters:
+        new, k = name, 1
+        while new in taken:
+            k += 1
+            new = f"{name}-{k}"
+        renamed[name] = new
+        taken.add(new)
+    if all(k == v for k, v in renamed.items()):
+        return plan
+    reasons = plan.reasons + [f"adapter {k!r} exists on the engine already: trained as {v!r}"
+                              for k, v in renamed.items() if k != v]
+    return BackendPlan(plan.spec, {r: renamed[a] for r, a in plan.role_adapters.items()}, reasons, plan.role_graph)

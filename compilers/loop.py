@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 from compilers import checkpoint as ckpt
 from compilers.advantages import group_advantages, no_signal_rate, role_scales
 from compilers.auto import plan as auto_plan
-from compilers.backends import BackendPlan, resolve_backend
+from compilers.backends import BackendPlan, fresh_names, resolve_backend
 from compilers.config import MMGRPOConfig
 from compilers.counterfactual import counterfactual_credit
 from compilers.credit import get_credit
@@ -166,6 +166,8 @@ class CompileRun:
                 print(plan.describe())
         else:
             plan = resolve_backend(backend, self.trained)
+        if resumed is None:  # another compile's adapters on this engine stay as they are (a resume keeps its names)
+            plan = fresh_names(plan, self.policy.adapters)
         self.plan, self.role_adapters = plan, plan.role_adapters
 
     def check_same_run(self) -> None:

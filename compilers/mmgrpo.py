@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import dspy
+from dspy.teleprompt import Teleprompter
 
 from compilers.config import MMGRPOConfig
 from compilers.distributed import Distributed, SingleProcess
@@ -76,6 +77,7 @@ from compilers.score import mean_interval, score_rollout
 from compilers.update import update
 from wfc.artifact import CompiledProgram
 from wfc.engines.base import SamplingParams
+from wfc.lm import LocalLM, engine_of, set_role_lms
 from wfc.lower import run_rollouts
 from wfc.policy import Policy
 
@@ -120,8 +122,12 @@ def evaluate(program: dspy.Module, examples: Sequence, engine, *, metric: Callab
     }
 
 
-class MMGRPO:
-    """``MMGRPO(metric=..., steps=..., ...).compile(program, trainset=..., valset=..., model=..., backend=...)``."""
+class MMGRPO(Teleprompter):
+    """``MMGRPO(metric=..., steps=..., ...).compile(student, trainset=..., valset=..., model=..., backend=...)``.
+
+    A DSPy ``Teleprompter``: it is one step of ``dspy.BetterTogether(metric, p=dspy.MIPROv2(...), w=MMGRPO(...))``
+    in either order. The student's demos and instructions (a prompt optimizer's) are kept, trained on and saved;
+    a student whose predictors hold :class:`wfc.lm.LocalLM` handles is trained on their engine."""
 
     def __init__(self, metric: Callable, *, config: MMGRPOConfig | None = None, **overrides):
         if not callable(metric):
@@ -130,12 +136,14 @@ class MMGRPO:
         base = config.model_dump() if config is not None else {}
         self.config = MMGRPOConfig(**{**base, **overrides})
 
-    def compile(self, program: dspy.Module, *, trainset: Sequence, valset: Sequence | None = None,
+    def compile(self, student: dspy.Module, *, trainset: Sequence, valset: Sequence | None = None,
+                teacher: dspy.Module | None = None,
                 model: str = "smollm2-135m", backend: Any = "shared", engine=None, policy: Policy | None = None,
                 run_dir: str | Path | None = None, program_import_path: str | None = None,
                 progress: bool = True, resume: str | Path | bool | None = None,
                 distributed: Distributed | None = None) -> CompiledProgram:
-        """Train ``program``'s roles and return a :class:`CompiledProgram`. The input program is never mutated.
+        """Train ``student``'s roles and return a :class:`CompiledProgram`. The input program is never mutated.
+        ``teacher`` (DSPy's argument) is not used: GRPO learns from the student's own rollouts.
 
         ``policy`` (a :class:`wfc.policy.Policy`) holds the trained weights; ``engine`` (an engine, or a name:
         ``"hf"``, ``"vllm"``, ``"vllm-server"``) runs the rollouts. Neither given: a policy on ``model`` (on the
@@ -150,6 +158,9 @@ class MMGRPO:
         ``distributed`` (``compilers.distributed``): the data-parallel ranks this compile is one of; default
         :func:`~compilers.distributed.from_env` (the ranks of a ``torchrun`` launch, else one process). Every rank
         must call compile with the same arguments; only rank 0 writes ``run_dir`` and shows progress."""
+        program = student
+        if engine is None and policy is None:
+            engine = engine_of(program)  # a DSPy user's LocalLM handles: train on their engine, not a second model
         run = CompileRun(self.metric, self.config, program, trainset=trainset, valset=valset, run_dir=run_dir,
                          resume=resume, evaluate=evaluate, update=update)  # the inputs checked, a checkpoint verified
         run.place(engine, policy, model, distributed, progress)  # ranks, frozen roles, the policy and the engine
@@ -164,4 +175,8 @@ class MMGRPO:
         else:
             run.resume()
         run.train()  # per step: collect, group, schedule_lr, update, hand_off, after_step (validate, guard, checkpoint)
-        return run.export(program_import_path)
+        compiled = run.export(program_import_path)
+        handles = [p.lm for _, p in student.named_predictors() if isinstance(getattr(p, "lm", None), LocalLM)]
+        if handles and handles[0].wfc_engine is compiled.engine:  # DSPy sees each role's LM name its adapter
+            set_role_lms(compiled.program, handles[0], compiled.roles)
+        return compiled

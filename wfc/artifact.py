@@ -46,7 +46,7 @@ from pydantic import BaseModel, Field
 from wfc import retrieve
 from wfc.adapter import CompactChatAdapter
 from wfc.engines.base import SamplingParams
-from wfc.lower import Decoding, role_grammars
+from wfc.lower import Decoding, bind, copy_program, is_bound, role_grammars, trace
 from wfc.source import ProgramSource, RestoreError, capture, rebuild
 
 log = logging.getLogger(__name__)
@@ -195,8 +195,6 @@ class CompiledProgram(dspy.Module):
 
     def __init__(self, program: dspy.Module, engine, manifest: Manifest, *, policy=None,
                  revisions: dict[int, dict[str, dict[str, Any]]] | None = None, run_dir: Path | None = None):
-        from wfc.lower import copy_program
-
         super().__init__()
         self.program = copy_program(program)
         self.engine = engine
@@ -229,29 +227,27 @@ class CompiledProgram(dspy.Module):
 
     def bound(self) -> dspy.Module:
         """A fresh copy of the program whose roles call their adapters on this artifact's engine."""
-        from wfc.lower import bind, copy_program
-
         return bind(copy_program(self.program), self.engine, adapters=self.roles, sampling=self.sampling(),
                     decoding=self.decoding())
 
     def forward(self, **inputs):
-        if any(getattr(p, "lm", None) is not None for _, p in self.program.named_predictors()):
+        if is_bound(self.program):
             return self.program(**inputs)  # bound by an enclosing program's tracer: its handles route the calls
+        # any other LM on the predictors (a dspy optimizer's, a user's set_lm) is not this artifact's: its adapters are
         with dspy.context(adapter=CompactChatAdapter()):
             program = self.bound()
             retrieve.select_demos(program, inputs)  # on the fresh copy: the held program never changes
             return program(**inputs)
 
     def trace(self, example):
-        from wfc.lower import trace
-
         return trace(self.program, example, self.engine, adapters=self.roles, sampling=self.sampling(),
                      decoding=self.decoding())
 
     # ----- save ---------------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
         target = Path(path)
-        found = capture(self.program)
+        program = copy_program(self.program)  # without LM handles a user or a dspy optimizer may have set
+        found = capture(program)
         if found.structure is None:
             log.warning("the program will need program_import_path= or trust_code=True to load: %s",
                         found.source.structure_error)
@@ -260,9 +256,9 @@ class CompiledProgram(dspy.Module):
             raise ValueError("this CompiledProgram has no policy holding its adapters: build it with "
                              "CompiledProgram(..., policy=policy), as compile and load do")
         with _atomic_dir(target) as tmp:
-            _write_pickle(self.program, tmp / "program", found.local_modules)
-            (tmp / "program" / "state.json").write_text(json.dumps(self.program.dump_state(), default=str, indent=1))
-            pools = retrieve.dump(self.program)
+            _write_pickle(program, tmp / "program", found.local_modules)
+            (tmp / "program" / "state.json").write_text(json.dumps(program.dump_state(), default=str, indent=1))
+            pools = retrieve.dump(program)
             if pools is not None:
                 (tmp / "program" / retrieve.FILE).write_text(json.dumps(pools, default=str, indent=1))
             if found.structure is not None:
@@ -281,7 +277,7 @@ class CompiledProgram(dspy.Module):
                         shutil.copy2(self.run_dir / name, tmp / name)
             decoding = self.decoding()
             manifest = self.manifest.model_copy(update={"decoding": decoding.model_dump(),
-                                                        "grammars": role_grammars(self.program, self.sampling(),
+                                                        "grammars": role_grammars(program, self.sampling(),
                                                                                   decoding),
                                                         "revisions": sorted(self.revisions),
                                                         "program_source": found.source, "checksums": _checksums(tmp)})

@@ -256,7 +256,13 @@ def bind(program: dspy.Module, engine: Engine, *, adapters: RoleAdapters | None 
                                  stop=path in stop_roles, decoding=decoding, tools=tools.get(id(predictor)))
         predictor.lm = dspy.LM(model=f"wfc/{path}", engine=role_engine, cache=False, num_retries=0,
                                temperature=role_sampling.temperature, max_tokens=role_sampling.max_tokens)
+        predictor.lm.wfc_role = path  # a tracer's handle (``is_bound``), not an LM a user or an optimizer set
     return program
+
+
+def is_bound(program: dspy.Module) -> bool:
+    """Whether ``bind`` gave ``program``'s predictors their handles (an enclosing tracer routes its calls)."""
+    return any(getattr(getattr(p, "lm", None), "wfc_role", None) is not None for _, p in program.named_predictors())
 
 
 def role_grammars(program: dspy.Module, sampling: SamplingParams, decoding: Decoding,

@@ -18,12 +18,16 @@ Data model (``ProgramSource``, stored in the manifest; files under ``program/``)
 
 Trust policy: rebuilding imports modules the loading environment can already import by name; it never executes code
 shipped inside the artifact unless asked. A program whose classes live in ``program/source/`` needs
-``trust_code=True`` (``RestoreError.needs_trust``); the artifact's checksums are verified before anything is read.
+``trust_code=True`` (``RestoreError.needs_trust``), unless this process has (or can import) that module from the
+very file the copy was taken from (``same_module``: same name, same sha256 of the whole file), as when a script
+loads what it compiled: then its own module is used and no shipped code runs. The artifact's checksums are verified
+before anything is read.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -65,6 +69,7 @@ class SourceFile(BaseModel):
     path: str = Field(description="artifact-relative path of the copy, program/source/<stem>.py")
     origin: str = Field(description="the file it was copied from (information only)")
     sliced: bool = Field(default=False, description="only the definitions the program needs (scripts)")
+    origin_sha256: str | None = Field(default=None, description="sha256 of the whole origin file at compile time")
 
 
 class ProgramSource(BaseModel):
@@ -342,7 +347,8 @@ def capture(program: dspy.Module) -> Captured:
             stem += "_"
             path = f"{SOURCE_DIR}/{stem}.py"
         files[path] = text
-        sources.append(SourceFile(module=name, path=path, origin=str(Path(file).resolve()), sliced=sliced))
+        sources.append(SourceFile(module=name, path=path, origin=str(Path(file).resolve()), sliced=sliced,
+                                  origin_sha256=_file_sha256(Path(file))))
         local.append(module)
     if error is not None:
         structure = None
@@ -363,6 +369,35 @@ def _refs_into(tree: Any, module: str) -> set[str]:
     return out
 
 
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def same_module(name: str, src: SourceFile) -> types.ModuleType | None:
+    """This process's own module ``name`` when its file is byte for byte the one ``src`` was copied from (its
+    ``origin_sha256``), else None: the compiling script's module when the same script loads what it saved, or the
+    user's module importable from here. Using it runs the user's own code, never the artifact's copy. A module not
+    yet imported is imported only after its file's checksum matched."""
+    if src.origin_sha256 is None:
+        return None
+    module = sys.modules.get(name)
+    if module is None:
+        if name == "__main__":
+            return None
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            return None
+        origin = Path(spec.origin) if spec is not None and spec.origin else None
+        if origin is None or not origin.is_file() or _file_sha256(origin) != src.origin_sha256:
+            return None
+        return importlib.import_module(name)
+    file = getattr(module, "__file__", None)
+    if not file or not Path(file).is_file() or _file_sha256(Path(file)) != src.origin_sha256:
+        return None
+    return module
+
+
 class Resolver:
     """``module:qualname`` -> object: installed modules by name; modules of ``sources`` from their artifact copy
     (imported under a private name), only with ``trust_code``."""
@@ -376,7 +411,10 @@ class Resolver:
         if name in self.loaded:
             return self.loaded[name]
         src = self.files.get(name)
-        if src is None:
+        local = same_module(name, src) if src is not None else None
+        if local is not None:
+            module = local  # the very file the artifact's copy came from, this process's own: no artifact code runs
+        elif src is None:
             try:
                 module = importlib.import_module(name)
             except ImportError as exc:
@@ -391,8 +429,6 @@ class Resolver:
         return module
 
     def _import_copy(self, src: SourceFile) -> types.ModuleType:
-        import hashlib
-
         file = self.root / src.path
         digest = hashlib.sha256(file.read_bytes()).hexdigest()[:12]
         name = f"{_PRIVATE_PREFIX}{Path(src.path).stem}_{digest}"

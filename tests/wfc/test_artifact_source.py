@@ -309,6 +309,11 @@ def test_program_that_is_not_data_says_what_to_pass(engine, tmp_path):
     found = capture(Lambdas())
     assert found.structure is None and "function" in found.source.structure_error
     art = _save(Lambdas(), engine, tmp_path / "lam", {"answer": "voters"})
+    assert type(wfc.load(art, engine=engine).program) is Lambdas  # this very file defines it: used, no flag needed
+    manifest = json.loads((Path(art) / "manifest.json").read_text())
+    for src in manifest["program_source"]["sources"]:
+        src["origin_sha256"] = "0" * 64  # as loaded where this module's file is not the one the copy came from
+    (Path(art) / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match=r"program_import_path='your_file.py:factory'.*trust_code=True"):
         wfc.load(art, engine=engine)
     loaded = wfc.load(art, engine=engine, program_import_path=f"{__file__}:make_lambdas")
@@ -363,3 +368,68 @@ def test_a_roles_stop_strings_travel_in_the_artifact_and_end_its_calls(engine, t
     stopped = [c for c in calls if c.finish_reason == "stop"]
     assert stopped and all(" " in c.text for c in stopped)
     assert all(" " not in c.text for c in calls if c.finish_reason == "length")  # one with a space would have stopped
+
+
+# A script that compiles its own programs and loads what it saved, in the same process, with no flag (issue 47):
+# the script's __main__ and its sibling module are the very files the artifact copied, so nothing shipped runs.
+SAME_SCRIPT = '''
+import json, sys
+import dspy
+import wfc
+from compilers import MMGRPO
+from roles_lib import Pipeline
+
+
+class Solo(dspy.Module):
+    def __init__(self):
+        super().__init__()
+        self.solve = dspy.Predict("question -> answer")
+
+    def forward(self, question):
+        return self.solve(question=question)
+
+
+out = sys.argv[1]
+train = [dspy.Example(question=f"What is {a} plus 1?", answer=str(a + 1)).with_inputs("question") for a in range(4)]
+compiler = MMGRPO(lambda e, p, trace=None: float(len(str(p.answer)) % 2), steps=1, examples_per_step=2,
+                  group_size=2, max_tokens=4, eval_every=0, lora={"r": 4, "alpha": 8, "target_modules": ["q_proj"]})
+result = {}
+for name, program in (("main", Solo()), ("sibling", Pipeline("question -> answer", note="draft"))):
+    compiled = compiler.compile(program, trainset=train, model="tiny", run_dir=f"{out}/run-{name}", progress=False)
+    compiled.save(f"{out}/{name}")
+    loaded = wfc.load(f"{out}/{name}", engine=compiled.engine)
+    result[name] = {"class": type(loaded.program) is type(program),
+                    "same": loaded(question="What is 2 plus 1?").answer == compiled(question="What is 2 plus 1?").answer}
+json.dump(result, open(f"{out}/same.json", "w"))
+'''
+
+# Another process whose importable roles_lib is not the file the artifact copied: refused without trust_code.
+CHANGED_LOADER = '''
+import json, sys
+import wfc
+from wfc.artifact import ArtifactError
+
+try:
+    wfc.load(sys.argv[1] + "/sibling", model="tiny")
+    print(json.dumps("loaded"))
+except ArtifactError as exc:
+    print(json.dumps(str(exc)))
+'''
+
+
+def test_a_script_loads_what_it_compiled_without_trust_but_a_changed_module_is_refused(tmp_path):
+    project, out = tmp_path / "project", tmp_path / "out"
+    project.mkdir(), out.mkdir()
+    (project / "roles_lib.py").write_text(ROLES_LIB)
+    (project / "same.py").write_text(SAME_SCRIPT)
+    _python(["same.py", str(out)], cwd=project)
+    assert json.loads((out / "same.json").read_text()) == {"main": {"class": True, "same": True},
+                                                            "sibling": {"class": True, "same": True}}
+    (project / "roles_lib.py").write_text(ROLES_LIB + "\nEDITED = True\n")  # the user's module changed since compile
+    (project / "load.py").write_text(CHANGED_LOADER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
+    proc = subprocess.run([sys.executable, "load.py", str(out)], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "trust_code=True" in said and "roles_lib" in said
