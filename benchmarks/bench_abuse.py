@@ -17,7 +17,7 @@ It reports, per kind, the answers by status (``unexpected`` counts those outside
 clients' latency and wrong answers, the most requests the server held at once (working and waiting, from
 ``/v1/stats``), what it still holds at the end (must be none), and whether it still answers afterwards.
 
-    python benchmarks/bench_abuse.py --model tiny --seconds 20 --normal 8 --hostile 2 --json bench_abuse.json
+    python -m benchmarks.bench_abuse --model tiny --seconds 20 --normal 8 --hostile 2 --json bench_abuse.json
 """
 
 from __future__ import annotations
@@ -28,15 +28,12 @@ import json
 import logging
 import select
 import socket
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 EXPECTED = {"oversize": {413}, "chunked_oversize": {413}, "huge_prompt": {400}, "slowloris": {408},
             "disconnect": {"hung_up"}, "malformed_json": {422}, "wrong_types": {422}}

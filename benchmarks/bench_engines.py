@@ -10,8 +10,8 @@ itself (``VLLMServerEngine.launch``), sharing the thread count the in-process en
 With ``--compile-steps N`` (default 2) each engine then runs N whole mmGRPO steps (Voting n=3, isolated adapters,
 the trainer's policy beside the engine) and reports the median step time split into rollouts, update and hand-off.
 
-    python benchmarks/bench_engines.py --model tiny
-    python benchmarks/bench_engines.py --model smollm2-135m --out bench_engines.json
+    python -m benchmarks.bench_engines --model tiny
+    python -m benchmarks.bench_engines --model smollm2-135m --out bench_engines.json
 
 Needs the ``vllm`` extra for the two vLLM engines (``--engines hf`` runs without it).
 """
@@ -22,12 +22,8 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def build(kind: str, model: str, *, dtype: str, servers: int):

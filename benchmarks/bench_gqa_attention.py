@@ -13,15 +13,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "examples"))
 
 
 def _copied(q, k, v, mask):
@@ -60,7 +54,7 @@ def kernels() -> None:
 
 
 def generation(model: str, repeats: int) -> None:
-    import demo
+    from compilers.presets import arithmetic
     from wfc.adapter import CompactChatAdapter
     from wfc.attention import GQA_SDPA
     from wfc.engines.base import GenerationRequest, SamplingParams
@@ -69,8 +63,8 @@ def generation(model: str, repeats: int) -> None:
     engine = HFEngine(model)
     base = engine.policy.base_model
     adapter = CompactChatAdapter()
-    messages = [tuple(adapter.format(demo.SIGNATURE, demos=[], inputs={"question": ex.question}))
-                for ex in demo.demo_task().trainset[:11]]
+    messages = [tuple(adapter.format(arithmetic.SIGNATURE, demos=[], inputs={"question": ex.question}))
+                for ex in arithmetic.demo_task().trainset[:11]]
     sampling = SamplingParams(temperature=0.7, max_tokens=12)
     requests = [GenerationRequest(messages=m, sampling=sampling, seed=100 * i + j)
                 for i, m in enumerate(messages) for j in range(12)]

@@ -19,15 +19,9 @@ import argparse
 import functools
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "examples"))
 
 
 def _engine(model: str):
@@ -73,15 +67,15 @@ def fit(policy, total: int, repeats: int) -> float:
 def aggregator_rows(engine, examples: int) -> list:
     """The rows the update gets for the aggregator calls of ``examples`` demo problems: the prompt ids the engine
     conditions on (``HFEngine.encode_prompt``), random 12-token completions and +-1 advantages."""
-    import demo
+    from compilers.presets import arithmetic
     from compilers.update import Row
     from wfc.adapter import CompactChatAdapter
 
     rng = random.Random(1)
     vocab, adapter = engine.tokenizer.vocab_size, CompactChatAdapter()
-    signature = demo.program().aggregator.signature
+    signature = arithmetic.program().aggregator.signature
     rows = []
-    for i, ex in enumerate(demo.demo_task().trainset[:examples]):
+    for i, ex in enumerate(arithmetic.demo_task().trainset[:examples]):
         for j in range(2):
             inputs = {"question": ex.question, "candidates": [f"{i + j} apples", f"{2 * i + j}", f"{j + 7}"]}
             prompt = tuple(engine.encode_prompt(adapter.format(signature, demos=[], inputs=inputs)))

@@ -14,13 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "examples"))
 
 
 def main() -> None:
@@ -34,22 +29,24 @@ def main() -> None:
     args = ap.parse_args()
     logging.getLogger("dspy").setLevel(logging.ERROR)
 
-    import demo
     import torch
 
     from compilers import evaluate
     from compilers.config import LoraSettings
+    from compilers.presets import arithmetic
+    from compilers.recipes import get_recipe
     from wfc.engines.base import SamplingParams
     from wfc.engines.hf import HFEngine
     from wfc.lower import run_rollouts
     from wfc.tasks.math import math_metric
 
-    task = demo.demo_task()
+    task = arithmetic.demo_task()
+    max_tokens = get_recipe(arithmetic.RECIPE)["max_tokens"]
     engine = HFEngine(args.model)
     engine.policy.add_adapter("main", LoraSettings().peft_config())
-    program = demo.program()
+    program = arithmetic.program()
     adapters = {"voter": "main", "aggregator": "main"}
-    sampling = SamplingParams(temperature=0.7, max_tokens=demo.RECIPE["max_tokens"])
+    sampling = SamplingParams(temperature=0.7, max_tokens=max_tokens)
     times: dict[str, dict[str, list[float]]] = {"shared": {"eval": [], "rollouts": []},
                                                 "unshared": {"eval": [], "rollouts": []}}
     answers: dict[str, list] = {}
@@ -58,7 +55,7 @@ def main() -> None:
             engine.share_prefill = share
             t0 = time.perf_counter()
             result = evaluate(program, task.testset[:args.problems], engine, metric=math_metric, adapters=adapters,
-                              max_tokens=demo.RECIPE["max_tokens"])
+                              max_tokens=max_tokens)
             times[label]["eval"].append(time.perf_counter() - t0)
             answers[label] = [g.outputs for g in result["graphs"]]
             torch.manual_seed(0)

@@ -5,8 +5,8 @@ is the role -> adapter map: one adapter for all roles, or one per role (every ge
 different LoRA adapters with peft's ``adapter_names``). Runs alternate between the two maps; reports completion
 tokens per second of whole rollouts and the ratio isolated / shared (issue goal: at least 0.85x).
 
-    python benchmarks/bench_rollout.py --model tiny
-    python benchmarks/bench_rollout.py --model smollm2-135m --examples 4 --repeats 2 --out bench_rollout.json
+    python -m benchmarks.bench_rollout --model tiny
+    python -m benchmarks.bench_rollout --model smollm2-135m --examples 4 --repeats 2 --out bench_rollout.json
 """
 
 from __future__ import annotations
@@ -15,12 +15,8 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def rollout_tok_s(program, examples, engine, *, group_size: int, adapters, sampling) -> float:

@@ -14,18 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "examples"))
-
 
 def main(argv: list[str] | None = None) -> None:
+    from compilers.presets import arithmetic
     from wfc.engines.base import GenerationRequest, SamplingParams
     from wfc.engines.hf import HFEngine, sample_tokens
 
@@ -51,11 +47,9 @@ def main(argv: list[str] | None = None) -> None:
         times["inverse_cdf"].append(time.perf_counter() - t)
     step = {k: statistics.median(v) * 1000 for k, v in times.items()}
 
-    import demo
-
-    questions = [e.question for e in demo.demo_task().trainset[:4]]
+    questions = [e.question for e in arithmetic.demo_task().trainset[:4]]
     sampling = SamplingParams(temperature=0.7, max_tokens=12)
-    requests = [GenerationRequest(messages=({"role": "system", "content": demo.SIGNATURE.instructions},
+    requests = [GenerationRequest(messages=({"role": "system", "content": arithmetic.SIGNATURE.instructions},
                                             {"role": "user", "content": q}), sampling=sampling)
                 for q in questions for _ in range(args.rows // len(questions))]
     engine._generate_batch(requests[:8], sampling)  # warm-up

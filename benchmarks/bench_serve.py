@@ -17,14 +17,10 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def build_artifact(model: str, out: Path) -> Path:

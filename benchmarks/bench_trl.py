@@ -64,15 +64,12 @@ import logging
 import random
 import re
 import statistics
-import sys
 import tempfile
 import time
 import warnings
 import zlib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 INSTRUCTIONS = "Answer with just the final number."
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}

@@ -12,8 +12,8 @@
    adapters (one per role) on the HF engine and on the vLLM engine; completion tokens per second of whole rollouts,
    median over ``--repeats``.
 
-    python benchmarks/bench_vllm.py --model tiny
-    python benchmarks/bench_vllm.py --model smollm2-135m --out bench_vllm.json
+    python -m benchmarks.bench_vllm --model tiny
+    python -m benchmarks.bench_vllm --model smollm2-135m --out bench_vllm.json
 
 Needs the ``vllm`` extra.
 """
@@ -24,12 +24,8 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def _timed(fn) -> float:

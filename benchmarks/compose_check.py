@@ -22,68 +22,46 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import wfc
+from compilers import evaluate
+from compilers.presets import codegen
+from compilers.score import paired_difference
+from programs import EvalOpt, Retry, Single
+from wfc.artifact import read_manifest
+from wfc.compose import carry_role, pick_role
+from wfc.tasks.visible import example_check
 
 logging.getLogger("dspy").setLevel(logging.ERROR)
 
 
-def writer_role(roles: dict, role: str | None) -> str:
-    """The artifact's role whose adapter is the writer: ``role`` if given, else its only role, else ``generator``."""
-    if role is None:
-        role = next(iter(roles)) if len(roles) == 1 else "generator"
-    if role not in roles:
-        raise SystemExit(f"the artifact has no role {role!r}; its roles are {sorted(roles)}: pass --role")
-    return role
-
-
-def carry_writer(loaded_program, role: str, program, path: str) -> None:
-    """Give ``program``'s role ``path`` (in place) the static demos and the retriever the artifact's writer role
-    ``role`` has, so the composed writer is prompted as it was trained."""
-    from wfc.retrieve import install, retrievers
-
-    source = dict(loaded_program.named_predictors())[role]
-    dict(program.named_predictors())[path].demos = list(source.demos)
-    found = retrievers(loaded_program)
-    if role in found:
-        install(program, {path: found[role]})
-
-
-def compose(artifact: Path, *, role: str | None = None, n_test: int = 160, model: str | None = None,
-            retry: int = 0, sample_retries: float | None = 0.8, vary_demos: bool = False) -> dict:
-    import wfc
-    from compilers import evaluate
-    from compilers.score import paired_difference
-    from programs import EvalOpt, Retry, Single
-    from wfc.tasks import get_task
-    from wfc.tasks.visible import example_check
-
-    task = get_task("codegen", n_train=100, n_val=32, n_test=n_test)
+def compose(artifact: Path, writer: str, *, n_test: int = 160, model: str | None = None, retry: int = 0,
+            sample_retries: float | None = 0.8, vary_demos: bool = False) -> dict:
+    """The artifact's role ``writer`` alone and composed (``wfc.compose.carry_role``), on ``n_test`` held-out code
+    tasks."""
+    task = codegen.code_task(n_test=n_test)
     loaded = wfc.load(artifact, model=model)
     try:
-        writer = writer_role(loaded.roles, role)
-        adapter = loaded.roles[writer]
         if retry:  # the writer itself answers again, sampled, while the example fails: no fixer role
             programs = {"writer": Single(task.signature, name="code-single"),
                         "checked": Retry(task.signature, check=example_check, attempts=retry,
                                          sample_retries=sample_retries, vary_demos=vary_demos, name="code-retry")}
-            path, adapters = "solver", {"solver": adapter}
+            path, fixer = "solver", "solver"
         else:
             programs = {"writer": EvalOpt(task.signature, rounds=0, name="code-evalopt"),
                         "checked": EvalOpt(task.signature, rounds=1, check=example_check, name="code-evalopt")}
-            path, adapters = "generator", {"generator": adapter, "optimizer": None}
+            path, fixer = "generator", "optimizer"
         for program in programs.values():
-            carry_writer(loaded.program, writer, program, path)
+            adapter = carry_role(loaded, writer, program, path)  # the same adapter for both programs
+        adapters = {path: adapter} if retry else {path: adapter, fixer: None}  # the fixer: the base model
         results = {name: evaluate(program, task.testset, loaded.engine, metric=task.metric, adapters=adapters,
-                                  max_tokens=96, progress=name)
+                                  max_tokens=codegen.MAX_TOKENS, progress=name)
                    for name, program in programs.items()}
     finally:
         loaded.engine.close()
     scores = {name: [float(g.reward) for g in r["graphs"]] for name, r in results.items()}
     pair = paired_difference(scores["writer"], scores["checked"])
-    fixer = "solver" if retry else "optimizer"
     # every call after the writer's first replaces its answer (EvalOpt's fixer, Retry's later draws)
     fixer_calls = sum(len(g.calls) - 1 for g in results["checked"]["graphs"])
     # what the calls ran on, read back from the rollout graphs (the fixer: the base model, adapter None)
@@ -119,7 +97,12 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error("--vary-demos varies Retry's demos: pass --retry N too")
     if args.sample_retries < 0 or (args.sample_retries == 0 and args.retry and not args.vary_demos):
         ap.error(f"--sample-retries is a temperature > 0, or 0 (greedy) with --vary-demos; got {args.sample_retries}")
-    result = compose(args.artifact, role=args.role, n_test=args.n_test, model=args.model, retry=args.retry,
+    roles = read_manifest(args.artifact).roles
+    try:
+        writer = pick_role(roles, args.role)
+    except ValueError as exc:
+        raise SystemExit(f"{exc} (--role)") from None
+    result = compose(args.artifact, writer, n_test=args.n_test, model=args.model, retry=args.retry,
                      sample_retries=args.sample_retries or None, vary_demos=args.vary_demos)
     print(json.dumps({k: v for k, v in result.items() if k != "tasks"}, indent=1))
     if args.out is not None:

@@ -14,29 +14,16 @@ overrides any ``MMGRPOConfig`` field. Before the matrix, run ``benchmarks/gpu_ch
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from compilers.experiment import run_matrix
+from wfc.flags import add_set_flag, apply_overrides, parse_set
+
 
 GPU_CONFIG = dict(steps=60, examples_per_step=16, group_size=8, max_tokens=384, eval_max_tokens=384, temperature=1.0,
                   learning_rate=1e-5, advantage="dr_grpo", loss_aggregation="token", credit="verified",
                   eval_every=10, lora={"r": 32, "alpha": 64, "target_modules": "all-linear"})
-
-
-def parse_set(items: list[str]) -> dict:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set needs key=value, got {item!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -49,13 +36,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--engine", default="hf", choices=["hf", "vllm"])
     p.add_argument("--device", default="auto")
     p.add_argument("--val-size", type=int, default=200)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_set_flag(p, what="MMGRPOConfig field")
     p.add_argument("--out", default="runs/gpu-matrix")
     args = p.parse_args(argv)
+    try:
+        config = apply_overrides({**GPU_CONFIG, "device": args.device}, parse_set(args.set))
+    except ValueError as exc:
+        p.error(str(exc))
     logging.getLogger("dspy").setLevel(logging.ERROR)
-    from compilers.experiment import run_matrix
-
-    config = {**GPU_CONFIG, "device": args.device, **parse_set(args.set)}
     results = run_matrix(workflows=args.workflows.split(","), backends=args.backends.split(","), tasks=[args.task],
                          seeds=[int(s) for s in args.seeds.split(",")], model=args.model, out_dir=args.out,
                          config=config, val_size=args.val_size, engine=args.engine)

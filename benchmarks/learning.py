@@ -1,7 +1,7 @@
 """Does compiling earn its keep? The demo recipe against the simple alternatives, over seeds, at an equal budget.
 
 Arms (each a fresh engine on the embedded model, the demo's task and held-out split):
-- ``workflow``: Voting (n=3) compiled with the demo's recipe (``examples/demo.py``'s ``RECIPE``: ``wide-warmup``
+- ``workflow``: Voting (n=3) compiled with the demo's recipe (``compilers.presets.arithmetic``: ``wide-warmup``
   unless ``WFC_DEMO_RECIPE`` names another) for the demo's ``STEPS`` unless ``--steps`` says otherwise: what ``make
   demo`` runs. With ``--reuse-demo`` the arm is read from ``runs/demo-seed<S>/summary.json`` + ``metrics.jsonl`` (a
   finished ``make demo`` / ``WFC_DEMO_SEED=S python examples/demo.py`` run) instead of run again.
@@ -26,15 +26,20 @@ import argparse
 import json
 import logging
 import math
+import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
+from compilers import MMGRPO, evaluate
+from compilers.presets import arithmetic
+from compilers.recipes import get_recipe
+from compilers.runs import rollout_tokens
+from wfc.engines.hf import HFEngine
+from wfc.flags import add_set_flag, add_stop_flags, apply_overrides, parse_set, stop_from_args
+from wfc.tasks.math import math_metric
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "examples"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -48,34 +53,26 @@ def t_interval(values: list[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
-def workflow_tokens(run_dir: Path) -> int:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    spent = sum(r.get("completion_tokens", 0) for r in records if r["kind"] == "demos")
-    steps = [r for r in records if r["kind"] == "step"]
-    return steps[-1]["drawing"]["completion_tokens_total"] if steps else spent
+def demo_recipe() -> str:
+    """The recipe ``make demo`` runs: ``WFC_DEMO_RECIPE`` when set, else the demo preset's."""
+    return os.environ.get("WFC_DEMO_RECIPE", arithmetic.RECIPE)
 
 
 def arm_program(arm: str, stop: tuple[str, ...] = ()):
     """The program an arm trains: ``Single`` with the demo's signature for the single-role arms, else the demo's
     Voting; every role stops at ``stop``."""
-    import demo
-
-    return demo.single_program(stop) if arm.startswith("single") else demo.program(stop)
+    return arithmetic.single_program(stop) if arm.startswith("single") else arithmetic.program(stop)
 
 
 def run_arm(arm: str, seed: int, steps: int, budget: int | None, out: Path, *, overrides: dict | None = None,
-            stop: tuple[str, ...] = (), model: str = "smollm2-135m") -> dict:
-    import demo
-    from compilers import MMGRPO, evaluate
-    from compilers.recipes import get_recipe
-    from wfc.engines.hf import HFEngine
-    from wfc.tasks.math import math_metric
-
-    task = demo.demo_task()
+            stop: tuple[str, ...] = (), model: str = "smollm2-135m", recipe_name: str | None = None) -> dict:
+    """One arm trained and measured on seed ``seed``; ``workflow`` and ``single`` compile with ``recipe_name``
+    (default: :func:`demo_recipe`), every arm with ``overrides`` applied."""
+    task = arithmetic.demo_task()
     # the single-role rival runs the workflow's own recipe: the comparison is the program, not the recipe
-    recipe = dict(demo.RECIPE) if arm in ("workflow", "single") else get_recipe(
-        {"single_pw": "better-together", "prompt": "prompts-only"}[arm])
-    recipe.update(overrides or {})
+    name = (recipe_name or demo_recipe()) if arm in ("workflow", "single") else {
+        "single_pw": "better-together", "prompt": "prompts-only"}[arm]
+    recipe = apply_overrides(get_recipe(name), overrides or {})
     program = arm_program(arm, stop)
     if budget is not None and arm.startswith("single"):
         recipe.update(max_rollout_tokens=budget, steps=10 * steps)  # the budget, not the step count, stops it
@@ -94,7 +91,7 @@ def run_arm(arm: str, seed: int, steps: int, budget: int | None, out: Path, *, o
     finally:
         engine.close()
     return {"arm": arm, "seed": seed, "accuracy": res["accuracy"], "interval": res["interval"],
-            "baseline": base["accuracy"], "tokens": workflow_tokens(out / f"{arm}-seed{seed}"),
+            "baseline": base["accuracy"], "tokens": rollout_tokens(out / f"{arm}-seed{seed}"),
             "steps": sum(1 for r in compiled.manifest.history if r["kind"] == "step"),
             "seconds": round(time.time() - t0, 1)}
 
@@ -113,7 +110,7 @@ def from_demo(seed: int, *, recipe: str, overrides: dict, stop: tuple[str, ...],
                          f"comparison has recipe {recipe!r}, overrides {overrides}, stop {list(stop)}: pass the "
                          f"demo's --set / --stop here, or rerun the demo with these")
     return {"arm": "workflow", "seed": seed, "accuracy": summary["compiled"], "interval": summary["compiled_interval"],
-            "baseline": summary["baseline"], "tokens": workflow_tokens(run), "steps": summary["steps"],
+            "baseline": summary["baseline"], "tokens": rollout_tokens(run), "steps": summary["steps"],
             "seconds": summary["seconds"], "source": str(run)}
 
 
@@ -148,17 +145,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--demo-runs", default=str(ROOT / "runs"), help="where --reuse-demo finds demo-seed<S>/")
     p.add_argument("--model", default="smollm2-135m", help="base model of the arms that run here")
     p.add_argument("--out", default="runs/learning")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one recipe field of every trained arm (JSON value); repeatable")
-    import demo
-    from gpu_matrix import parse_set
-
-    demo.add_stop_flags(p)  # every role of every arm
+    add_set_flag(p, what="recipe field of every trained arm")
+    add_stop_flags(p)  # every role of every arm
     args = p.parse_args(argv)
-    overrides = parse_set(args.set)
-    stop = demo.stop_from_args(p, args)
+    try:
+        overrides, stop = parse_set(args.set), stop_from_args(args, arithmetic.STOP)
+    except ValueError as exc:
+        p.error(str(exc))
     if args.steps is None:
-        args.steps = demo.STEPS
+        args.steps = arithmetic.STEPS
+    recipe_name = demo_recipe()
     logging.getLogger("dspy").setLevel(logging.ERROR)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -168,10 +164,11 @@ def main(argv: list[str] | None = None) -> None:
         budget = None
         for arm in args.arms.split(","):
             if arm == "workflow" and args.reuse_demo:
-                row = from_demo(seed, recipe=demo.RECIPE_NAME, overrides=overrides, stop=stop,
+                row = from_demo(seed, recipe=recipe_name, overrides=overrides, stop=stop,
                                 runs=Path(args.demo_runs))
             else:
-                row = run_arm(arm, seed, args.steps, budget, out, overrides=overrides, stop=stop, model=args.model)
+                row = run_arm(arm, seed, args.steps, budget, out, overrides=overrides, stop=stop, model=args.model,
+                              recipe_name=recipe_name)
             if arm == "workflow":
                 budget = row["tokens"]
             rows.append(row)

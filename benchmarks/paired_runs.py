@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compilers.score import paired_difference  # noqa: E402
+from compilers.score import paired_difference
 
 
 def read_tasks(run_dir: Path) -> list[dict]:

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 # operator-name fragments -> bucket (first match wins)
 BUCKETS = (("attention", ("scaled_dot_product", "_flash_attention", "_efficient_attention", "bmm", "baddbmm")),

@@ -12,14 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import wfc
+from compilers import transfer
+from wfc.tasks import get_task
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("artifact")
     p.add_argument("--n", type=int, default=200)
@@ -28,33 +29,18 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     logging.getLogger("dspy").setLevel(logging.ERROR)
 
-    import wfc
-    from compilers import evaluate
-    from compilers.score import paired_difference
-    from wfc.lower import copy_program, roles
-    from wfc.tasks import get_task
-
     task = get_task("svamp", n_test=args.n)
     t0 = time.time()
     compiled = wfc.load(args.artifact, trust_code=args.trust_code)
-    max_tokens = compiled.manifest.sampling.get("max_tokens", 64)
-    uncompiled = copy_program(compiled.program)
-    for predictor in roles(uncompiled).values():
-        predictor.demos = []  # the program as written: no demos, no adapters
-    before = evaluate(uncompiled, task.testset, compiled.engine, metric=task.metric, adapters={},
-                      max_tokens=max_tokens, progress="uncompiled")
-    after = evaluate(compiled.program, task.testset, compiled.engine, metric=task.metric, adapters=compiled.roles,
-                     max_tokens=max_tokens, progress="compiled")
-    scores = lambda res: [float(g.reward) for g in res["graphs"]]  # noqa: E731
-    pair = paired_difference(scores(before), scores(after))
-    result = {"artifact": str(args.artifact), "n": len(task.testset), "uncompiled": before["accuracy"],
-              "uncompiled_interval": before["interval"], "compiled": after["accuracy"],
-              "compiled_interval": after["interval"], "difference": pair["difference"], "interval": pair["interval"],
-              "only_compiled": pair["only_after"], "only_uncompiled": pair["only_before"],
-              "seconds": round(time.time() - t0, 1)}
+    try:
+        result = {"artifact": str(args.artifact), **transfer.measure(compiled, task.testset, task.metric),
+                  "seconds": round(time.time() - t0, 1)}
+    finally:
+        compiled.engine.close()
     print(json.dumps(result, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
+    return result
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from wfc.flags import apply_overrides, parse_set
+
 # A few questions for `inspect` when no task registry (wfc.tasks.get_task) is installed.
 BUILTIN_QUESTIONS = (
     ("Tom has 12 apples. He buys 7 more. How many apples does Tom have now?", "19"),
@@ -225,19 +227,10 @@ def _config_overrides(args: argparse.Namespace) -> dict:
             raise UsageError(str(exc)) from None
     if args.config:
         cfg.update(json.loads(Path(args.config).read_text()))
-    for item in args.set:
-        if "=" not in item:
-            raise UsageError(f"--set expects FIELD=VALUE, got {item!r}")
-        key, raw = item.split("=", 1)
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        target = cfg
-        *parents, leaf = key.split(".")
-        for part in parents:
-            target = target.setdefault(part, {})
-        target[leaf] = value
+    try:
+        cfg = apply_overrides(cfg, parse_set(args.set))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     for field in ("steps", "group_size", "examples_per_step", "max_tokens", "eval_every", "learning_rate",
                   "temperature", "device"):
         if getattr(args, field, None) is not None:

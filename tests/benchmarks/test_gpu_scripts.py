@@ -25,7 +25,8 @@ def test_gpu_check_trains_on_the_requested_device(tiny_handle, tmp_path):
     assert json.loads(out.read_text())["steps"][0]["completion_tokens"] > 0
 
 
-def test_gpu_matrix_rejects_a_bad_override():
-    with pytest.raises(SystemExit, match="key=value"):
-        _module("gpu_matrix").parse_set(["steps"])
-    assert _module("gpu_matrix").parse_set(["steps=3", "credit=verified"]) == {"steps": 3, "credit": "verified"}
+def test_gpu_matrix_rejects_a_bad_override_before_loading_anything(capsys):
+    # the --set parser itself: tests/wfc/test_flags.py
+    with pytest.raises(SystemExit):
+        _module("gpu_matrix").main(["--model", "/nowhere", "--set", "steps"])
+    assert "--set expects FIELD=VALUE" in capsys.readouterr().err

@@ -36,9 +36,7 @@ def test_a_reused_demo_run_must_match_the_comparison(tmp_path):
 
 
 def test_the_command_line_checks_the_reused_run_against_its_own_flags(tmp_path, monkeypatch):
-    import demo
-
-    monkeypatch.setattr(demo, "RECIPE_NAME", "fast")
+    monkeypatch.setenv("WFC_DEMO_RECIPE", "fast")  # the recipe the demo run was made with
     runs, out = tmp_path / "runs", tmp_path / "out"
     _demo_run(runs, 0, stop=["\n"])
     with pytest.raises(SystemExit, match="stop"):

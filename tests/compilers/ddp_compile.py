@@ -65,7 +65,6 @@ def train(out: str | Path, run_dir: str | Path, *, distributed=None) -> dict:
 
 
 if __name__ == "__main__":
-    sys.path[:0] = [str(Path(__file__).resolve().parents[2])]  # the repo root: compilers, programs, wfc
     train(sys.argv[1], sys.argv[2])
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

@@ -122,11 +122,7 @@ def test_replay_engine_hands_out_recorded_generations_then_samples():
 def test_compile_with_counterfactual_credit_on_the_tiny_model(engine, tmp_path):
     """The real path: tiny HF model, Voting, counterfactual credit for the aggregator; its cost is in the step log
     and in the token budget, and the adapters train."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from tiny_setup import SIG as TSIG, TRAIN, length_metric, tiny_config
+    from tiny_setup import SIG as TSIG, TRAIN, length_metric, tiny_config  # tests/compilers is on the path
 
     from compilers import MMGRPO
 

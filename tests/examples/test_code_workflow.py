@@ -1,5 +1,6 @@
-"""examples/code_workflow.py: the writer's own pass rate on hand-built rollouts, and one whole run (baseline ->
-compile -> held-out -> save) on the tiny model with the script's own flags."""
+"""examples/code_workflow.py: whole runs (baseline -> compile -> held-out -> save) on the tiny model with the script's
+own flags, and benchmarks/compose_check.py on the artifacts they save. What each role did is tested on hand-built
+rollouts beside the library (tests/compilers/test_role_report.py)."""
 
 from __future__ import annotations
 
@@ -9,95 +10,14 @@ import pytest
 import torch
 
 import wfc
+from benchmarks import compose_check
 from wfc.adapter import CompactChatAdapter
-from wfc.rollout import CallNode, RolloutGraph
-from wfc.tasks.codegen import make_codegen
-from wfc.tasks.code import code_metric
+from wfc.compose import carry_role
 
 
 @pytest.fixture()
 def script(load_example):
     return load_example('code_workflow')
-
-
-def _rollout(example, writer_code, final_code, writer_status="ok"):
-    calls = [CallNode(id=0, role="generator", invocation=0, messages=[{"role": "user", "content": "p"}],
-                      outputs={"code": writer_code}, status=writer_status, started=1, finished=2),
-             CallNode(id=1, role="optimizer", invocation=0, messages=[{"role": "user", "content": writer_code}],
-                      outputs={"code": final_code}, started=3, finished=4)]
-    return RolloutGraph(calls, example=dict(example), outputs={"code": final_code})
-
-
-def test_writer_pass_rate_scores_the_writers_own_code_not_the_final_answer(script):
-    example = make_codegen(1, seed=3)[0]
-    right, wrong = example.solution, "def nothing():\n    return None\n"
-    assert code_metric(example, right) == 1.0 and code_metric(example, wrong) == 0.0
-    graphs = [_rollout(example, right, wrong),  # the fixer broke right code: writer 1, program 0
-              _rollout(example, wrong, right),  # the fixer fixed it: writer 0
-              _rollout(example, right, right, writer_status="format_error")]  # a failed writer call scores 0
-    assert script.writer_pass_rate(graphs, code_metric) == pytest.approx(1 / 3)
-    assert script.writer_pass_rate([], code_metric) == 0.0
-
-
-def test_reviewer_accept_rate_counts_the_verdicts_evalopt_stopped_on(script):
-    def judged(*verdicts):
-        calls = [CallNode(id=i, role="evaluator", invocation=i, messages=[{"role": "user", "content": "p"}],
-                          outputs={"verdict": v}, status="ok" if v is not None else "format_error", started=2 * i,
-                          finished=2 * i + 1) for i, v in enumerate(verdicts)]
-        return RolloutGraph(calls, example={}, outputs={})
-    # "The code is correct." is prose, not an accept; a failed reviewer call is not counted
-    graphs = [judged("correct", "The code is correct."), judged("incorrect: off by one", None), judged("Yes.")]
-    assert script.reviewer_accept_rate(graphs) == pytest.approx(2 / 4)
-    assert script.reviewer_accept_rate([]) == 0.0
-
-
-def test_reviewer_agreement_compares_the_first_verdict_with_the_writers_tests(script):
-    example = make_codegen(1, seed=3)[0]
-    right, wrong = example.solution, "def nothing():\n    return None\n"
-
-    def reviewed(code, verdict, status="ok"):
-        calls = [CallNode(id=0, role="generator", invocation=0, messages=[{"role": "user", "content": "p"}],
-                          outputs={"code": code}, started=1, finished=2),
-                 CallNode(id=1, role="evaluator", invocation=0, messages=[{"role": "user", "content": code}],
-                          outputs={"verdict": verdict}, status=status, started=3, finished=4)]
-        return RolloutGraph(calls, example=dict(example), outputs={"code": code})
-    # agree: right code accepted, wrong code rejected, wrong code met with prose (revised, as a reject);
-    # disagree: right code rejected, right code met with prose; a failed reviewer call is left out
-    graphs = [reviewed(right, "correct"), reviewed(wrong, "incorrect"), reviewed(wrong, "The code looks fine."),
-              reviewed(right, "incorrect"), reviewed(right, "The code looks fine."),
-              reviewed(right, "correct", status="format_error")]
-    assert script.reviewer_agreement(graphs, code_metric) == pytest.approx(3 / 5)
-    assert script.reviewer_agreement([], code_metric) is None
-
-
-def test_revisions_count_the_fixers_fixes_and_breaks_against_the_writers_code(script):
-    example = make_codegen(1, seed=3)[0]
-    right, wrong = example.solution, "def nothing():\n    return None\n"
-    alone = RolloutGraph([CallNode(id=0, role="generator", invocation=0, messages=[{"role": "user", "content": "p"}],
-                                   outputs={"code": wrong}, started=1, finished=2)],
-                         example=dict(example), outputs={"code": wrong})
-    # fixed: wrong -> right; broken: right -> wrong; kept: right -> right and wrong -> wrong; not revised: alone
-    graphs = [_rollout(example, wrong, right), _rollout(example, right, wrong), _rollout(example, right, right),
-              _rollout(example, wrong, wrong), alone]
-    assert script.revisions(graphs, code_metric) == {"revised": 4, "revision_calls": 4, "fixed": 1, "broken": 1}
-    report = script.roles_report(graphs, code_metric, "after")
-    assert report["reviewer_accept_after"] is None and report["reviewer_agreement_after"] is None  # no reviewer
-    assert report["writer_after"] == pytest.approx(2 / 5) and report["fixed_after"] == 1
-
-
-def test_retrys_first_answer_is_the_writer_and_its_later_answers_the_revisions(script):
-    example = make_codegen(1, seed=3)[0]
-    right, wrong = example.solution, "def nothing():\n    return None\n"
-
-    def retried(*codes):
-        calls = [CallNode(id=i, role="solver", invocation=i, messages=[{"role": "user", "content": "p"}],
-                          outputs={"code": code}, started=2 * i + 1, finished=2 * i + 2) for i, code in enumerate(codes)]
-        return RolloutGraph(calls, example=dict(example), outputs={"code": codes[-1]})
-
-    # fixed on the third answer; right first time (no retry); wrong on all three
-    graphs = [retried(wrong, wrong, right), retried(right), retried(wrong, wrong, wrong)]
-    assert script.revisions(graphs, code_metric) == {"revised": 2, "revision_calls": 4, "fixed": 1, "broken": 0}
-    assert script.writer_pass_rate(graphs, code_metric) == pytest.approx(1 / 3)
 
 
 def test_the_retry_workflow_answers_again_while_the_shown_example_fails(script, tiny_handle, tmp_path, monkeypatch):
@@ -254,8 +174,6 @@ def test_a_trained_writer_composes_with_the_example_check_and_a_base_fixer(scrip
     """benchmarks/compose_check.py on a tiny single-role artifact: the writer alone scores as the run's own held-out
     evaluation did; inside EvalOpt(check=example_check) every task (the tiny model's code never passes its example)
     goes to the fixer, which runs on the base model."""
-    from benchmarks import compose_check
-
     monkeypatch.chdir(tmp_path)
     summary = script.main(["--model", "tiny", "--program", "single", "--steps", "1", "--n-train", "4", "--n-val",
                            "2", "--n-test", "3", "--examples-per-step", "1", "--group-size", "2", "--max-tokens", "8",
@@ -275,7 +193,6 @@ def test_a_trained_writer_composes_into_retry_with_its_retrieved_demos(script, t
     """compose_check.py --retry N on a tiny artifact trained with retrieved demos: the composed programs' writer
     carries the artifact's retriever (so it is prompted as trained), and every task (the tiny model's code never
     passes its example) gets N more answers from the writer's own adapter."""
-    from benchmarks import compose_check
     from programs import Retry
     from wfc.retrieve import retrievers
     from wfc.tasks import get_task
@@ -292,7 +209,7 @@ def test_a_trained_writer_composes_into_retry_with_its_retrieved_demos(script, t
     loaded = wfc.load(tmp_path / "art", model="tiny")
     try:
         program = Retry(get_task("codegen", n_train=6, n_val=2, n_test=3).signature, check=example_check)
-        compose_check.carry_writer(loaded.program, "solver", program, "solver")
+        assert carry_role(loaded, "solver", program, "solver") == "shared"
         assert retrievers(program) == retrievers(loaded.program) and retrievers(program)
     finally:
         loaded.engine.close()

@@ -1,5 +1,6 @@
-"""examples/demo.py (what `make demo` runs): its program takes stop strings for every role, and one whole run,
-baseline -> compile -> held-out -> save -> load, goes through on the tiny model with the demo's own code and flags."""
+"""examples/demo.py (what `make demo` runs): one whole run, baseline -> compile -> held-out -> save -> load, goes
+through on the tiny model with the demo's own code, environment and flags. Its preset (task, programs, metric) is
+tested beside the library (tests/compilers/test_preset_arithmetic.py)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,10 @@ def demo(load_example):
     return load_example('demo')
 
 
-def test_every_role_stops_at_the_given_strings_and_none_by_default(demo):
-    assert demo.STOP == ()
-    roles = dict(demo.program(("\n",)).named_predictors())
-    assert set(roles) == {"voter", "aggregator"}
-    assert all(p.config.get("stop") == ("\n",) for p in roles.values())
-    assert all("stop" not in p.config for _, p in demo.program().named_predictors())
-    assert demo.decode_stop(["\\n", "."]) == ("\n", ".")
-
-
-def test_contradicting_stop_flags_are_refused(demo):
-    with pytest.raises(SystemExit):
-        demo.main(["--stop", "\\n", "--no-stop"])
+def test_contradicting_or_malformed_flags_are_refused(demo):
+    for bad in (["--stop", "\\n", "--no-stop"], ["--set", "steps"]):
+        with pytest.raises(SystemExit):
+            demo.main(bad)
 
 
 def test_the_demo_runs_end_to_end_on_the_tiny_model(demo, tiny_handle, tmp_path, monkeypatch):
@@ -36,8 +29,7 @@ def test_the_demo_runs_end_to_end_on_the_tiny_model(demo, tiny_handle, tmp_path,
     monkeypatch.setenv("WFC_DEMO_STEPS", "1")
     monkeypatch.setenv("WFC_DEMO_OUT", str(tmp_path / "artifact"))
     monkeypatch.setenv("WFC_DEMO_RUN_DIR", str(tmp_path / "side-run"))
-    monkeypatch.setattr(demo, "RECIPE_NAME", "finish")  # as WFC_DEMO_RECIPE=finish, read at import, would set it
-    monkeypatch.setattr(demo, "RECIPE", demo.get_recipe("finish"))
+    monkeypatch.setenv("WFC_DEMO_RECIPE", "finish")
     demo.main(["--set", "examples_per_step=1", "--set", "group_size=2", "--set", "max_tokens=4",
                "--set", "eval_every=0", "--stop", "\\n"])
 
@@ -53,14 +45,3 @@ def test_the_demo_runs_end_to_end_on_the_tiny_model(demo, tiny_handle, tmp_path,
     structure = json.loads((tmp_path / "artifact" / "program" / "structure.json").read_text())
     for role in ("voter", "aggregator"):  # the stop strings travel in the artifact
         assert structure["program"]["attrs"][role]["attrs"]["config"]["items"]["stop"]["items"] == ["\n"]
-
-
-def test_the_calculator_flag_gives_calculate_roles_and_a_metric_that_reads_them(demo):
-    from programs.calculator import Calculate
-
-    roles = dict(demo.program(("\n",), calculator=True).named_predictors())
-    assert all(type(p) is Calculate and p.config.get("stop") == ("\n",) for p in roles.values())
-    assert all(type(p) is demo.dspy.Predict for p in dict(demo.program().named_predictors()).values())
-    gold = demo.dspy.Example(question="q", answer="51")
-    wrote = demo.dspy.Prediction(answer="76 - 25 = 49")
-    assert demo.metric(True)(gold, wrote) == 1.0 and demo.metric(False)(gold, wrote) == 0.0

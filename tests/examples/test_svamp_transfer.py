@@ -1,49 +1,19 @@
-"""examples/svamp_transfer.py: its training data (generated problems only, easy before hard, validation disjoint) and
-one whole run, train -> save -> SVAMP measurement, on the tiny model."""
+"""examples/svamp_transfer.py: whole runs, train -> save -> SVAMP measurement, on the tiny model. Its training data
+(generated problems only, easy before hard, validation disjoint) is tested beside the library
+(tests/compilers/test_preset_svamp_transfer.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def load():
-    spec = importlib.util.spec_from_file_location("svamp_transfer", ROOT / "examples" / "svamp_transfer.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_training_task_is_generated_disjoint_and_ordered_by_difficulty():
-    train, val = load().training_task()
-    assert {ex.difficulty for ex in train} == {0, 1}
-    assert [ex.difficulty for ex in train] == sorted(ex.difficulty for ex in train)  # the demo's problems first
-    questions = [ex.question for ex in train]
-    assert len(set(questions)) == len(questions)
-    assert not {ex.question for ex in val} & set(questions)
-    assert all(set(ex.inputs().keys()) == {"question"} for ex in train)  # difficulty is a label, never a prompt input
-    assert any(op in ex.question for ex in train for op in ("equally", "doubled", "times"))  # the four-operation half
-    assert len(val) == 100
-
-
-def test_stories_pool_adds_svamp_style_stories_by_difficulty():
-    module = load()
-    train, val = module.training_task(pool="stories")
-    assert {ex.difficulty for ex in train} == {0, 1, 2, 3}
-    assert [ex.difficulty for ex in train] == sorted(ex.difficulty for ex in train)
-    questions = [ex.question for ex in train]
-    assert len(set(questions)) == len(questions) and not {ex.question for ex in val} & set(questions)
-    assert all(set(ex.inputs().keys()) == {"question"} for ex in train + val)
-    assert any("How many more" in q for q in questions) and any("$" in q for q in questions)
-    assert len(val) == 100
-    with pytest.raises(ValueError, match="stories"):
-        module.training_task(pool="svamp")
+@pytest.fixture()
+def script(load_example):
+    return load_example("svamp_transfer")
 
 
 @pytest.fixture
@@ -58,12 +28,13 @@ def svamp_dir() -> Path:
 
 
 @pytest.mark.parametrize("calculator", [False, True])
-def test_end_to_end_on_the_tiny_model_trains_saves_and_measures(calculator, svamp_dir, tiny_handle, tmp_path):
+def test_end_to_end_on_the_tiny_model_trains_saves_and_measures(script, calculator, svamp_dir, tiny_handle,
+                                                                 tmp_path):
     # tiny_handle: the tiny model's files are built once per session before the script loads them by name.
     # The recipe shrunk so one step is a few seconds on the tiny model; the path is the real one.
     n, out, run_dir = 5, tmp_path / "artifact", tmp_path / "run"
     flags = ["--calculator"] if calculator else []
-    load().main(["--model", "tiny", "--steps", "1", "--n", str(n), "--out", str(out), "--run-dir", str(run_dir),
+    script.main(["--model", "tiny", "--steps", "1", "--n", str(n), "--out", str(out), "--run-dir", str(run_dir),
                  "--set", "examples_per_step=2", "--set", "group_size=2", "--set", "max_tokens=4", "--stop", "\\n",
                  *flags])
 
@@ -94,10 +65,10 @@ def test_end_to_end_on_the_tiny_model_trains_saves_and_measures(calculator, svam
     assert 0 < result["train_seconds"] <= result["total_seconds"]
 
 
-def test_single_role_rival_stops_at_the_token_budget(svamp_dir, tiny_handle, tmp_path):
+def test_single_role_rival_stops_at_the_token_budget(script, svamp_dir, tiny_handle, tmp_path):
     # --program single: the one-role rival, stopped by --set max_rollout_tokens (not by --steps), with the calculator
     n, out, run_dir = 3, tmp_path / "artifact", tmp_path / "run"
-    load().main(["--model", "tiny", "--program", "single", "--calculator", "--steps", "50", "--n", str(n),
+    script.main(["--model", "tiny", "--program", "single", "--calculator", "--steps", "50", "--n", str(n),
                  "--out", str(out), "--run-dir", str(run_dir), "--set", "examples_per_step=2", "--set", "group_size=2",
                  "--set", "max_tokens=4", "--set", "max_rollout_tokens=40", "--set", "eval_every=100"])
 
