@@ -30,6 +30,10 @@ import random
 from typing import Any, Protocol, Sequence
 
 from compilers.backends import BackendPlan, resolve_backend
+from compilers.config import MMGRPOConfig
+from wfc.engines.base import SamplingParams
+from wfc.lower import roles, run_rollouts
+from wfc.rolegraph import RoleGraph
 
 SHARED = "shared"
 
@@ -119,11 +123,6 @@ def plan(program, examples: Sequence, engine, *, config=None, seed: int = 0) -> 
 
     The returned plan's ``role_graph`` holds the traced statistics; ``describe()`` prints decision, reasons and graph.
     """
-    from compilers.config import MMGRPOConfig
-    from wfc.engines.base import SamplingParams
-    from wfc.lower import roles, run_rollouts
-    from wfc.rolegraph import RoleGraph
-
     cfg = config or MMGRPOConfig()
     role_paths = list(roles(program))
     examples = list(examples)

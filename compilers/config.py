@@ -9,6 +9,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from compilers.advantages import ADVANTAGES
+from compilers.credit import CREDIT
+
 
 class LoraSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -188,14 +191,10 @@ class MMGRPOConfig(BaseModel):
         device = self.device
         if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
             raise ValueError(f"device={device!r} is not a device: use 'auto', 'cpu', 'cuda' or 'cuda:N'")
-        from compilers.advantages import ADVANTAGES
-
         if self.advantage not in ADVANTAGES:
             raise ValueError(f"advantage={self.advantage!r} is unknown: use one of {sorted(ADVANTAGES)}")
         if self.pass_band is not None and not (0.0 <= self.pass_band[0] < self.pass_band[1] <= 1.0):
             raise ValueError(f"pass_band must be (lo, hi) with 0 <= lo < hi <= 1, got {self.pass_band}")
-        from compilers.credit import CREDIT
-
         if self.credit not in CREDIT:
             raise ValueError(f"credit={self.credit!r} is unknown: use one of {sorted(CREDIT)}")
         if self.skip_frozen and not self.frozen_roles:

@@ -17,12 +17,15 @@ from typing import Any, Sequence
 
 from compilers.config import MMGRPOConfig
 from compilers.mmgrpo import MMGRPO
+from programs import EvalOpt, OrchWorkers, Single, Voting
+from wfc.engines import make_engine
+from wfc.tasks import get_task
 
 WORKFLOWS = {
-    "evalopt": lambda sig: __import__("programs").EvalOpt(sig, rounds=1),
-    "voting": lambda sig: __import__("programs").Voting(sig, n=3),
-    "orchworkers": lambda sig: __import__("programs").OrchWorkers(sig, max_subtasks=2),
-    "single": lambda sig: __import__("programs").Single(sig),
+    "evalopt": lambda sig: EvalOpt(sig, rounds=1),
+    "voting": lambda sig: Voting(sig, n=3),
+    "orchworkers": lambda sig: OrchWorkers(sig, max_subtasks=2),
+    "single": lambda sig: Single(sig),
 }
 
 
@@ -45,9 +48,6 @@ def summarize(history: list[dict[str, Any]], events: list[dict[str, Any]]) -> di
 def run_matrix(*, workflows: Sequence[str], backends: Sequence[Any], tasks: Sequence[str], seeds: Sequence[int],
                model: str, out_dir: str | Path, config: dict[str, Any] | None = None,
                val_size: int = 30, engine: str = "hf") -> list[dict[str, Any]]:
-    from wfc.engines import make_engine
-    from wfc.tasks import get_task
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     unknown = [w for w in workflows if w not in WORKFLOWS]

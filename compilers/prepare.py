@@ -12,6 +12,8 @@ import torch
 from compilers.backends import BackendPlan
 from compilers.config import MMGRPOConfig
 from compilers.distributed import Distributed
+from wfc.engines import make_engine
+from wfc.engines.hf import HFEngine
 from wfc.policy import Policy, resolve_device
 from wfc.rollout import RolloutGraph
 
@@ -93,18 +95,14 @@ def check_same_compile(distributed: Distributed, fingerprint: Mapping[str, Any])
 def policy_and_engine(engine, policy: Policy | None, model: str, cfg: MMGRPOConfig):
     """The (engine, policy) pair of a compile (see ``MMGRPO.compile``). A policy given or taken from an HF engine
     is used where it lives; an explicit ``cfg.device`` that disagrees with it is a ValueError."""
-    from wfc.engines.hf import HFEngine
-    from wfc.models import ModelHandle
-
     if policy is None and isinstance(engine, HFEngine):
         if engine.policy.dtype == getattr(torch, cfg.dtype):
             policy = engine.policy
         else:  # a rollout engine in another dtype (bf16): train a policy of its own, in the config's dtype
             policy = Policy(engine.handle.name, device=cfg.device, dtype=cfg.dtype)
     if policy is None:
-        handle = getattr(engine, "handle", None)
-        base = handle if isinstance(handle, ModelHandle) else model
-        policy = Policy(base, device=cfg.device, dtype=cfg.dtype)
+        handle = None if engine is None or isinstance(engine, str) else engine.handle
+        policy = Policy(handle or model, device=cfg.device, dtype=cfg.dtype)
     elif cfg.device != "auto" and resolve_device(cfg.device) != policy.device:
         raise ValueError(f"device={cfg.device!r} but the policy lives on {policy.device}: build the policy (or the "
                          f"HF engine) with device={cfg.device!r}, or leave device='auto'")
@@ -113,7 +111,5 @@ def policy_and_engine(engine, policy: Policy | None, model: str, cfg: MMGRPOConf
     if engine is None or engine == "hf":
         engine = HFEngine(policy=policy)
     elif isinstance(engine, str):  # "vllm" or "vllm-server": its own copy of the base, adapters handed over
-        from wfc.engines import make_engine
-
         engine = make_engine(engine, policy.handle)  # the loaded base, shared: vLLM reads its path
     return engine, policy

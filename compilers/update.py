@@ -46,6 +46,7 @@ from compilers.loss import policy_loss
 from compilers.offpolicy import merge_mismatch, mismatch_stats, truncated_importance_weights
 from compilers.packing import ATTENTION_TOKENS, packed_length, packed_logprobs, plan_microbatches, row_cost
 from wfc.constrain import GrammarMasks, forced
+from wfc.policy import Policy
 
 # A pack joins a micro-batch only when it is at least this share of the batch's longest pack: the quadratic cost
 # merges a step's aggregator rows into packs of a few hundred tokens plus a short remainder, which padded to the
@@ -121,8 +122,6 @@ class AdapterOptimizers:
 
     def __init__(self, model, adapters: Sequence[str], *, lr: float | dict[str, float]):
         """``model``: a :class:`wfc.policy.Policy` (or its peft model)."""
-        from wfc.policy import Policy
-
         model = model.model if isinstance(model, Policy) else model
         self.optimizers = {}
         for a in adapters:

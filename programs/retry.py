@@ -55,6 +55,7 @@ import dspy
 from programs._fields import task_signature
 from programs._sampling import check_temperature, greedy_run, greedy_run_config
 from wfc.program import Program
+from wfc.retrieve import DemoRetriever
 
 
 class Retry(Program):
@@ -117,8 +118,6 @@ class Retry(Program):
         """``(static demos, retriever, retrieved demos shown)`` when retries should vary the solver's retrieved
         demos: ``vary_demos`` is on and this run's solver shows exactly its retriever's nearest demos after its
         static ones (what ``wfc.retrieve.select_demos`` put there); else None (the retries repeat the prompt)."""
-        from wfc.retrieve import DemoRetriever
-
         retriever = getattr(self.solver, "wfc_retriever", None)
         if not self.vary_demos or not isinstance(retriever, DemoRetriever) or not retriever.applies(inputs):
             return None

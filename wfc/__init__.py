@@ -2,6 +2,9 @@
 
 declare (``wfc.Program``, ``programs/``) -> lower (``wfc.lower``: rollout graphs) -> group / score / update
 (``compilers/``: mmGRPO) -> export (``wfc.artifact``) -> serve.
+
+This package's ``__init__`` runs before any ``wfc`` module, so it imports only from below (the artifact); the compile
+shortcut is ``compilers.compile``, beside the optimizer it calls (``tests/test_layers.py`` lists the layers).
 """
 
 from wfc.artifact import CompiledProgram, load
@@ -9,12 +12,11 @@ from wfc.program import Program
 
 __version__ = "0.1.0"
 
-
-def compile(program, *, trainset, metric, valset=None, model: str = "smollm2-135m", backend="shared", **config):
-    """Shortcut for ``compilers.MMGRPO(metric, **config).compile(program, trainset=..., ...)``."""
-    from compilers import MMGRPO
-
-    return MMGRPO(metric, **config).compile(program, trainset=trainset, valset=valset, model=model, backend=backend)
+__all__ = ["Program", "CompiledProgram", "load"]
 
 
-__all__ = ["Program", "CompiledProgram", "load", "compile"]
+def __getattr__(name: str):
+    if name == "compile":  # the shortcut moved up to the optimizers it calls: wfc itself never imports them
+        raise AttributeError("wfc.compile moved to compilers.compile: `from compilers import compile`, or "
+                             "compilers.MMGRPO(metric, **config).compile(program, trainset=...)")
+    raise AttributeError(f"module 'wfc' has no attribute {name!r}")

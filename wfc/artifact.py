@@ -45,9 +45,13 @@ from pydantic import BaseModel, Field
 
 from wfc import retrieve
 from wfc.adapter import CompactChatAdapter
+from wfc.adapter_files import write_adapter
 from wfc.engines.base import SamplingParams
+from wfc.engines.hf import HFEngine
+from wfc.imports import _is_path, load_program
 from wfc.lower import Decoding, bind, copy_program, is_bound, role_grammars, trace
-from wfc.source import ProgramSource, RestoreError, capture, rebuild
+from wfc.policy import Policy, peft_adapter_state, peft_restore_adapter
+from wfc.source import ProgramSource, ProgramWrapper, RestoreError, capture, rebuild
 
 log = logging.getLogger(__name__)
 
@@ -97,16 +101,12 @@ def package_versions() -> dict[str, str]:
 def adapter_state(model, adapter: str) -> dict[str, Any]:
     """A CPU copy of one adapter's weights (peft's own keying, adapter name stripped). ``model``: a
     :class:`wfc.policy.Policy` (its :meth:`~wfc.policy.Policy.adapter_state`) or a peft model."""
-    from wfc.policy import Policy, peft_adapter_state
-
     return model.adapter_state(adapter) if isinstance(model, Policy) else peft_adapter_state(model, adapter)
 
 
 def restore_adapter(model, adapter: str, state: dict[str, Any]) -> None:
     """Write ``state`` (from :func:`adapter_state`) back into ``adapter`` exactly. ``model``: a
     :class:`wfc.policy.Policy` (which then bumps the adapter's revision) or a peft model."""
-    from wfc.policy import Policy, peft_restore_adapter
-
     try:
         if isinstance(model, Policy):
             model.restore_adapter(adapter, state)
@@ -114,17 +114,6 @@ def restore_adapter(model, adapter: str, state: dict[str, Any]) -> None:
             peft_restore_adapter(model, adapter, state)
     except ValueError as exc:
         raise ArtifactError(str(exc)) from exc
-
-
-def write_adapter(config, state: dict[str, Any], path: Path) -> None:
-    """Write one adapter (its peft ``LoraConfig`` and its tensors, peft-keyed) in standard PEFT format, loadable by
-    peft and vLLM as it is. ``write_adapter(rev.config, rev.tensors, path)`` writes an exported ``AdapterRevision``."""
-    from safetensors.torch import save_file
-
-    path.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(str(path))
-    save_file({k: v.contiguous() for k, v in state.items()}, str(path / "adapter_model.safetensors"),
-              metadata={"format": "pt"})
 
 
 @contextlib.contextmanager
@@ -179,7 +168,7 @@ def verify(path: Path, manifest: Manifest, *, under: tuple[str, ...] = ("program
                                 "tampered with): copy the artifact again from its source")
 
 
-class CompiledProgram(dspy.Module):
+class CompiledProgram(ProgramWrapper):
     """A program bound to trained adapters on a resident base model. Call it like the original program.
 
     ``engine`` runs its roles; ``policy`` (a :class:`wfc.policy.Policy`, by default the engine's own when it has
@@ -198,7 +187,7 @@ class CompiledProgram(dspy.Module):
         super().__init__()
         self.program = copy_program(program)
         self.engine = engine
-        self.policy = policy if policy is not None else getattr(engine, "policy", None)
+        self.policy = policy if policy is not None or engine is None else engine.policy
         self.manifest = manifest
         self.revisions = revisions or {}
         self.run_dir = Path(run_dir) if run_dir else None
@@ -321,8 +310,6 @@ def _restore_program(path: Path, manifest: Manifest, *, trust_code: bool,
                      program_import_path: str | None) -> dspy.Module:
     """The program, by the first route that applies: the caller's ``program_import_path``; the recorded structure
     (or class); the recorded import path when it names a module; the pickle, only with ``trust_code``."""
-    from wfc.imports import _is_path, load_program
-
     state_file = path / "program" / "state.json"
     if program_import_path is not None:
         program = load_program(program_import_path)
@@ -392,9 +379,6 @@ def load(path: str | os.PathLike, *, engine=None, policy=None, model: str | None
     artifacts from someone you trust. ``program_import_path`` (``'file.py:factory'``) builds the program from your
     own code instead of the artifact's record; its state is then loaded from program/state.json.
     """
-    from wfc.models import ModelHandle
-    from wfc.policy import Policy
-
     path = Path(path)
     manifest = read_manifest(path)
     adapters = sorted({a for a in manifest.roles.values() if a is not None})
@@ -408,15 +392,14 @@ def load(path: str | os.PathLike, *, engine=None, policy=None, model: str | None
                                 "only as checksummed safetensors): re-save the artifact from the compile run")
     verify(path, manifest)
     program = _restore_program(path, manifest, trust_code=trust_code, program_import_path=program_import_path)
+    engine_base = engine.handle if engine is not None else None
+    if policy is None and engine is not None:
+        policy = engine.policy
     if policy is None:
-        policy = getattr(engine, "policy", None)
-    if policy is None:
-        handle = getattr(engine, "handle", None)
-        base = model or (handle if isinstance(handle, ModelHandle) else None) or manifest.base_model
-        policy = Policy(base, device=device)
+        policy = Policy(model or engine_base or manifest.base_model, device=device)
     held = [("the policy", policy.handle)]
-    if isinstance(getattr(engine, "handle", None), ModelHandle):
-        held.append(("the engine", engine.handle))
+    if engine_base is not None:
+        held.append(("the engine", engine_base))
     for who, handle in held:
         if handle.checksum != manifest.base_model_checksum:
             raise ArtifactError(f"{path} was trained on base {manifest.base_model!r} (checksum "
@@ -425,8 +408,6 @@ def load(path: str | os.PathLike, *, engine=None, policy=None, model: str | None
     for adapter in adapters:
         policy.load_adapter(adapter, str(path / "adapters" / adapter))
     if engine is None:
-        from wfc.engines.hf import HFEngine
-
         engine = HFEngine(policy=policy)
     else:
         engine.load_adapters(policy.export(adapters))

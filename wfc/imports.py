@@ -20,6 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import dspy
+
+from wfc.lower import roles
+
 
 class LoadError(ValueError):
     """An import spec that could not be resolved to an object."""
@@ -93,10 +97,6 @@ def load_object(spec: str) -> Any:
 def load_program(spec: str):
     """A ``dspy.Module`` with at least one predictor from ``spec``: the object itself if it is a module instance,
     else the result of calling it with no arguments (a factory function or a class with defaults)."""
-    import dspy
-
-    from wfc.lower import roles
-
     obj = load_object(spec)
     if not isinstance(obj, dspy.Module):
         if not callable(obj):

@@ -137,7 +137,7 @@ class LocalLM(dspy.LM):
             raise TypeError(f"engine must be a wfc engine (with submit) or a model name, got {type(engine).__name__}")
         self.wfc_engine, self.adapter, self.decoding = engine, adapter, decoding
         self._counter = _counter or _Counter()
-        name = getattr(getattr(engine, "handle", None), "name", None) or type(engine).__name__
+        name = engine.handle.name if engine.handle is not None else type(engine).__name__
         super().__init__(model=f"wfc/{name}" + (f"@{adapter}" if adapter else ""),
                          engine=_Bridge(engine, adapter, decoding, self._counter), cache=False, num_retries=0,
                          temperature=temperature, max_tokens=max_tokens)

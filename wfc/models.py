@@ -45,6 +45,12 @@ class ModelHandle:
     path: str | None
     checksum: str
 
+    @property
+    def context_length(self) -> int | None:
+        """The longest sequence the model's config allows (``max_position_embeddings``), when it says."""
+        n = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        return int(n) if isinstance(n, int) else None
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get("WFC_CACHE_DIR", Path.home() / ".cache" / "wfc"))

@@ -59,11 +59,13 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from wfc.artifact import load, read_manifest
 from wfc.constrain import response_format_grammar
+from wfc.engines import make_engine
 from wfc.engines.base import GenerationRequest, SamplingParams
 from wfc.lower import trace
 from wfc.serve_limits import (APIError, BodyLimit, Gate, PromptCounter, RequestCancelled, RequestWork, ServeLimits,
-                              ServeStats, context_length, error_response)
+                              ServeStats, error_response)
 
 DEFAULT_MAX_TOKENS_LIMIT = 1024
 MAX_CHOICES = 16  # ``n`` per chat request; more is a client bug, not a workload
@@ -254,7 +256,7 @@ def create_app(compiled, *, api_key: str | None = None, max_tokens_limit: int = 
         raise ValueError(f"max_tokens_limit={max_tokens_limit} is out of range: {exc.errors()[0]['msg']}") from None
     limits = limits or ServeLimits()
     manifest, engine = compiled.manifest, compiled.engine
-    context = context_length(engine)
+    context = engine.context_length
     if limits.max_prompt_tokens is not None and context is not None and limits.max_prompt_tokens > context:
         raise ValueError(f"max_prompt_tokens={limits.max_prompt_tokens} is above the model's context of {context} "
                          "tokens; pass at most that, or None for the context itself")
@@ -414,7 +416,7 @@ def create_app(compiled, *, api_key: str | None = None, max_tokens_limit: int = 
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            events = sse_events(head, gens, getattr(engine, "tokenizer", None), usage if include_usage else None)
+            events = sse_events(head, gens, engine.tokenizer, usage if include_usage else None)
             return StreamingResponse(events, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return {
@@ -471,9 +473,6 @@ def serve(path, *, engine: str = "hf", model: str | None = None, host: str = "12
     ``model`` overrides where the base weights come from (its checksum must still match the manifest's);
     ``limits``: see :class:`ServeLimits`; ``trust_code``, ``program_import_path``: see :func:`wfc.artifact.load`."""
     import uvicorn
-
-    from wfc.artifact import load, read_manifest
-    from wfc.engines import make_engine
 
     manifest = read_manifest(path)  # a wrong directory fails here, before a model loads
     built = make_engine(engine, model or manifest.base_model)

@@ -272,29 +272,15 @@ async def _disconnected(receive) -> None:
 
 
 # ----- stage 4: the engine as one request sees it ---------------------------------------------------------------------
-def context_length(engine) -> int | None:
-    """The longest sequence (prompt + completion) ``engine`` can run, when it says: vLLM's ``max_model_len``, else the
-    HF model's ``max_position_embeddings``."""
-    llm = getattr(engine, "llm", None)
-    try:
-        return int(llm.llm_engine.model_config.max_model_len)
-    except (AttributeError, TypeError, ValueError):
-        pass
-    config = getattr(getattr(getattr(engine, "handle", None), "model", None), "config", None)
-    n = getattr(config, "max_position_embeddings", None)
-    return int(n) if isinstance(n, int) else None
-
-
 class PromptCounter:
     """Counts a chat prompt's tokens as the engine will see them (its chat template, its tokenizer), one count at a
     time on a private copy of the engine's tokenizer: a fast tokenizer keeps its padding settings on the instance,
     so counting on the engine's own one while its worker tokenizes a padded batch breaks that batch. ``None`` for
-    engines that cannot count (no ``encode_prompt``, e.g. a scripted fake)."""
+    engines that cannot count (no ``tokenizer``, e.g. a scripted fake built without one)."""
 
     def __init__(self, engine):
-        tokenizer = getattr(engine, "tokenizer", None)
-        self._tokenizer = copy.deepcopy(tokenizer) if tokenizer is not None and hasattr(engine, "encode_prompt") \
-            else None
+        tokenizer = engine.tokenizer
+        self._tokenizer = copy.deepcopy(tokenizer) if tokenizer is not None else None
         self._lock = threading.Lock()
 
     def __call__(self, messages) -> int | None:

@@ -6,9 +6,10 @@ Data model (``ProgramSource``, stored in the manifest; files under ``program/``)
 - ``class_ref``: ``module:qualname`` of the program's class as the compiling process saw it (``__main__:TwoRoles``).
 - ``program/structure.json``: the program's object tree as tagged JSON (``encode``): every ``dspy.Module`` as its
   class reference plus its attributes; signatures as their fields (name, type, DSPy field extras) and instructions;
-  plain values as JSON. Rebuilding makes each object with ``cls.__new__`` and sets its attributes, so a class whose
-  ``__init__`` needs arguments (``Voting(signature, n=3)``) is rebuilt without calling it. Absent when the tree holds
-  something that is not data (a lambda, a lock, an LM client): ``structure_error`` says what.
+  plain values as JSON; a ``ProgramWrapper`` (a nested ``CompiledProgram``) as the program it wraps. Rebuilding
+  makes each object with ``cls.__new__`` and sets its attributes, so a class whose ``__init__`` needs arguments
+  (``Voting(signature, n=3)``) is rebuilt without calling it. Absent when the tree holds something that is not data
+  (a lambda, a lock, an LM client): ``structure_error`` says what.
 - ``sources``: one ``SourceFile`` per module the structure refers to that a fresh process could not import by name:
   ``__main__`` (the script that compiled) or a file outside installed packages (a sibling module of the script).
   Such a file is copied to ``program/source/<stem>.py``; for ``__main__`` only the slice the program needs (imports,
@@ -127,6 +128,14 @@ def ref(obj: Any) -> str:
 
 
 # ----- structure as tagged JSON -------------------------------------------------------------------------------------
+class ProgramWrapper(dspy.Module):
+    """A module that stands for the program it holds in ``program`` (``wfc.artifact.CompiledProgram``: that program
+    plus the engine and weights it runs on, which are not structure). Nested in a program, it is stored as
+    ``program``: the outer artifact drives the roles."""
+
+    program: dspy.Module
+
+
 class _Encoder:
     def __init__(self):
         self.ids: dict[int, int] = {}
@@ -168,8 +177,6 @@ class _Encoder:
         return {"$": "signature", "name": sig.__name__, "instructions": sig.instructions, "fields": fields}
 
     def value(self, x: Any, where: str) -> Any:
-        from wfc.artifact import CompiledProgram
-
         if x is None or isinstance(x, (bool, int, float, str)):
             return x
         if isinstance(x, list):
@@ -182,7 +189,7 @@ class _Encoder:
             return {"$": "dict", "items": {k: self.value(v, f"{where}[{k!r}]") for k, v in x.items()}}
         if isinstance(x, type) and issubclass(x, dspy.Signature):
             return self.signature(x, where)
-        if isinstance(x, CompiledProgram):  # nested: stored as the program it wraps (the outer artifact drives it)
+        if isinstance(x, ProgramWrapper):  # nested: stored as the program it wraps
             return self.value(x.program, where)
         if isinstance(x, dspy.Module):
             if id(x) in self.ids:

@@ -3,6 +3,8 @@
 
 from wfc.engines.base import AdapterRevision, Engine, Generation, GenerationRequest, SamplingParams
 from wfc.engines.fake import ScriptedEngine
+from wfc.engines.hf import HFEngine
+from wfc.engines.vllm_server import VLLMServerEngine
 
 __all__ = ["ENGINES", "AdapterRevision", "Engine", "Generation", "GenerationRequest", "SamplingParams", "ScriptedEngine", "make_engine"]
 
@@ -14,18 +16,14 @@ def make_engine(kind: str, model, **kwargs) -> Engine:
     extra) or ``vllm-server`` (running vLLM servers: ``servers=[URL, ...]``; ``launch=N`` starts N local ones as
     well, and with no ``servers`` one is started; see :mod:`wfc.engines.vllm_server`)."""
     if kind == "hf":
-        from wfc.engines.hf import HFEngine
-
         return HFEngine(model, **kwargs)
     if kind == "vllm":
-        try:
+        try:  # the one import deferred: wfc.engines.vllm imports vllm, an optional extra
             from wfc.engines.vllm import VLLMEngine
         except ImportError as exc:
             raise ValueError(f"engine 'vllm' needs the optional extra: pip install -e '.[vllm]' ({exc})") from exc
         return VLLMEngine(model, **kwargs)
     if kind == "vllm-server":
-        from wfc.engines.vllm_server import VLLMServerEngine
-
         servers = list(kwargs.pop("servers", None) or [])
         launch = kwargs.pop("launch", None)
         if servers and not launch:

@@ -47,6 +47,8 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from wfc.models import ModelHandle
+
 BASE = None  # the adapter name of "no adapter" in requests
 
 
@@ -127,7 +129,29 @@ class AdapterRevision:
 
 @runtime_checkable
 class Engine(Protocol):
-    """What rollouts, the trainer and the server need from an inference engine."""
+    """What rollouts, the trainer and the server need from an inference engine.
+
+    Four methods (generation and the adapter hand-off) and four read-only attributes that other code reads; an
+    attribute an engine has no value for is ``None`` (a scripted fake has no model, only the colocated HF engine shares
+    the trainer's policy)."""
+
+    @property
+    def handle(self) -> ModelHandle | None:
+        """The base model the engine runs (name, local path, checksum, tokenizer; ``wfc.models.ModelHandle``): what a
+        policy is built on beside it and what an artifact's base checksum is checked against. None: no model."""
+
+    @property
+    def policy(self) -> Any:
+        """The trainer's ``wfc.policy.Policy`` whose model this engine generates with (a colocated ``HFEngine``):
+        compile trains it and an artifact saves its adapters from it. None: the engine holds its own weights."""
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer prompts are rendered and counted with (its chat template). None: the engine has none."""
+
+    @property
+    def context_length(self) -> int | None:
+        """The longest sequence (prompt + completion) the engine runs. None: it does not say."""
 
     def submit(self, request: GenerationRequest) -> Future: ...
 

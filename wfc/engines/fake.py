@@ -30,6 +30,10 @@ class ScriptedEngine:
     - a function ``(request) -> str`` (raise inside it to simulate an engine failure).
     """
 
+    handle = None  # no model behind a script (the engine protocol's attributes)
+    policy = None
+    context_length = None
+
     def __init__(self, script: Iterable[str] | Mapping[str, str] | Callable[[GenerationRequest], str], *,
                  tokenizer: Any = None):
         self._lock = threading.Lock()

@@ -234,6 +234,10 @@ class HFEngine(BatchingEngine):
         return self.policy.adapters
 
     @property
+    def context_length(self) -> int | None:
+        return self.handle.context_length
+
+    @property
     def grammar_masks(self) -> GrammarMasks:
         """The grammar masks over this engine's tokenizer: the policy's, which the trainer replays."""
         return self.policy.grammar_masks

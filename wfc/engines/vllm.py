@@ -47,7 +47,7 @@ from vllm import LLM  # noqa: E402  (after the environment above, which vllm rea
 from vllm import SamplingParams as VSamplingParams  # noqa: E402
 from vllm.lora.request import LoRARequest  # noqa: E402
 
-from wfc.artifact import write_adapter  # noqa: E402
+from wfc.adapter_files import write_adapter  # noqa: E402
 from wfc.engines.base import (AdapterRevision, Generation, GenerationRequest, SamplingParams,  # noqa: E402
                               refuse_choices, refuse_grammars)
 from wfc.engines.batching import BatchingEngine  # noqa: E402
@@ -78,6 +78,7 @@ class VLLMEngine(BatchingEngine):
         if not handle.path:
             raise ValueError(f"vLLM needs the base model on local disk; {handle.name!r} has no local directory")
         self.handle = handle  # the base's name, path, checksum and tokenizer; its weights are not used here
+        self.policy = None  # the trainer's policy lives apart: adapters arrive through load_adapters
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
         self.stats: dict[str, Any] = {"generate_calls": 0, "rows": 0, "batch_sizes": [], "handoffs": [],
@@ -109,6 +110,14 @@ class VLLMEngine(BatchingEngine):
     def adapters(self) -> list[str]:
         with self._lora_lock:
             return sorted(self._loras)
+
+    @property
+    def context_length(self) -> int | None:
+        """vLLM's ``max_model_len`` (what it was built with), else the base's config."""
+        try:
+            return int(self.llm.llm_engine.model_config.max_model_len)
+        except (AttributeError, TypeError, ValueError):
+            return self.handle.context_length
 
     def encode_prompt(self, messages) -> list[int]:
         """The exact prompt ids this engine conditions on (the same rendering as the HF engine's)."""

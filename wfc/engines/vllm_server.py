@@ -59,7 +59,7 @@ from typing import Any, Sequence
 
 import torch
 
-from wfc.artifact import write_adapter
+from wfc.adapter_files import write_adapter
 from wfc.engines.base import AdapterRevision, Generation, GenerationRequest, SamplingParams, refuse_choices, refuse_grammars
 from wfc.models import ModelHandle, load_model
 
@@ -228,6 +228,7 @@ class VLLMServerEngine:
             raise ValueError(f"duplicate server URLs in {urls}")
         self._launched = list(launched)
         self.handle = model if isinstance(model, ModelHandle) else load_model(model)  # name, checksum, tokenizer
+        self.policy = None  # the trainer's policy lives apart: adapters arrive through load_adapters
         self.max_lora_rank = max_lora_rank
         self.timeout_s = timeout_s
         self.servers = [_Server(u) for u in urls]
@@ -293,6 +294,10 @@ class VLLMServerEngine:
     def adapters(self) -> list[str]:
         with self._lora_lock:
             return sorted(k for k in self._revisions if k != NULL_ADAPTER)
+
+    @property
+    def context_length(self) -> int | None:
+        return self.handle.context_length
 
     @property
     def revisions(self) -> dict[str, str]:
