@@ -22,18 +22,30 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from wfc.flags import apply_overrides, parse_set
+import dspy
+from pydantic import ValidationError
 
-# A few questions for `inspect` when no task registry (wfc.tasks.get_task) is installed.
-BUILTIN_QUESTIONS = (
-    ("Tom has 12 apples. He buys 7 more. How many apples does Tom have now?", "19"),
-    ("Mia has 20 marbles. She gives 8 to Sam. How many marbles does Mia have now?", "12"),
-    ("Leo has 6 books. Then the number of books he has doubles. How many books does Leo have now?", "12"),
-)
+from compilers import MMGRPO, MMGRPOConfig
+from compilers.auto import plan
+from compilers.checkpoint import load as load_checkpoint
+from compilers.distributed import from_env
+from compilers.experiment import run_matrix
+from compilers.recipes import get_recipe
+from wfc.artifact import load, read_manifest, rollback
+from wfc.engines import make_engine
+from wfc.engines.base import SamplingParams
+from wfc.flags import apply_overrides, parse_set
+from wfc.imports import load_object, load_program
+from wfc.lower import run_rollouts
+from wfc.rolegraph import RoleGraph
+from wfc.serve import serve
+from wfc.serve_limits import ServeLimits
+from wfc.tasks import get_task
 
 
 class UsageError(ValueError):
@@ -57,12 +69,6 @@ def _inspect_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from wfc.engines import make_engine
-    from wfc.engines.base import SamplingParams
-    from wfc.imports import load_program
-    from wfc.lower import run_rollouts
-    from wfc.rolegraph import RoleGraph
-
     if args.temperature < 0:
         raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
     program = load_program(args.program)  # before the model loads: a bad spec fails in a second, not ten
@@ -92,25 +98,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def task_examples(task: str, n: int) -> list:
     """``n`` examples of ``task``'s validation set (its test set for evaluation-only tasks), cycled when it has
-    fewer. Uses ``wfc.tasks.get_task`` when installed, else (``arithmetic`` only) a few built-in questions."""
-    import dspy
-
+    fewer (``wfc.tasks.get_task``)."""
     try:
-        from wfc.tasks import get_task
-    except ImportError:
-        get_task = None
-    if get_task is not None:
-        try:
-            found = get_task(task)
-        except KeyError as exc:
-            raise UsageError(f"unknown task {task!r}: {exc}") from exc
-        # evaluation-only tasks (svamp, humaneval) have no valset: inspect on their test problems
-        pool = list(found.valset if found.valset is not None else (getattr(found, "testset", None) or []))
-    elif task == "arithmetic":
-        pool = [dspy.Example(question=q, answer=a).with_inputs("question") for q, a in BUILTIN_QUESTIONS]
-    else:
-        raise UsageError(f"task {task!r} needs the task registry (wfc.tasks.get_task), which this install lacks; "
-                         "use --task arithmetic")
+        found = get_task(task)
+    except KeyError as exc:
+        raise UsageError(f"unknown task {task!r}: {exc}") from exc
+    # evaluation-only tasks (svamp, humaneval) have no valset: inspect on their test problems
+    pool = list(found.valset if found.valset is not None else (getattr(found, "testset", None) or []))
     if not pool:
         raise UsageError(f"task {task!r} has no examples to inspect on")
     return [pool[i % len(pool)] for i in range(n)]
@@ -197,8 +191,6 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
 
 
 def _read_jsonl(path: str, inputs: list[str]) -> list:
-    import dspy
-
     examples = []
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
@@ -219,8 +211,6 @@ def _read_jsonl(path: str, inputs: list[str]) -> list:
 def _config_overrides(args: argparse.Namespace) -> dict:
     cfg: dict[str, Any] = {}
     if getattr(args, "recipe", None):
-        from compilers.recipes import get_recipe
-
         try:
             cfg = get_recipe(args.recipe)
         except ValueError as exc:
@@ -240,12 +230,6 @@ def _config_overrides(args: argparse.Namespace) -> dict:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     _quiet_libraries(debug=args.debug)
-    from pydantic import ValidationError
-
-    from compilers import MMGRPO, MMGRPOConfig
-    from wfc.imports import load_object, load_program
-    from wfc.tasks import get_task
-
     program = load_program(args.program)
     task = get_task(args.task)
     inputs = args.inputs.split(",") if args.inputs else list(task.signature.input_fields)
@@ -261,13 +245,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     backend = args.backend
     if backend.startswith("{"):
         backend = json.loads(backend)
-    from compilers.distributed import from_env
-    from wfc.engines import make_engine
-
     distributed = from_env(device=config.device)  # torchrun's ranks (else one process), before any model loads
     if args.resume:  # a missing or corrupted checkpoint is reported before the model loads
-        from compilers.checkpoint import load as load_checkpoint
-
         load_checkpoint(args.resume)
     # hf: compile builds the policy (on --device) and a colocated engine on it; others: their own copy of the base
     engine_kwargs = _engine_kwargs(args)  # checks the flags first, whatever the engine
@@ -319,8 +298,6 @@ def _load_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     _quiet_libraries(debug=args.debug)
-    import wfc
-
     inputs = {}
     for item in args.input:
         if "=" not in item:
@@ -329,7 +306,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         inputs[key] = value
     if not inputs:
         raise UsageError("give the program's inputs with --input FIELD=VALUE")
-    compiled = wfc.load(args.artifact, model=args.model, trust_code=args.trust_code, program_import_path=args.program)
+    compiled = load(args.artifact, model=args.model, trust_code=args.trust_code, program_import_path=args.program)
     graph = compiled.trace(inputs)
     if graph.status != "ok":
         raise UsageError(f"the run ended with {graph.status}: {graph.error}")
@@ -355,13 +332,6 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     _quiet_libraries(debug=args.debug)
-    from pydantic import ValidationError
-
-    from compilers import MMGRPOConfig
-    from compilers.auto import plan
-    from wfc.engines import make_engine
-    from wfc.imports import load_program
-
     program = load_program(args.program)
     try:
         config = MMGRPOConfig(**_config_overrides(args))
@@ -384,8 +354,6 @@ def _rollback_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from wfc.artifact import rollback
-
     manifest = rollback(args.artifact, step=args.step)
     print(f"{args.artifact}: adapters now hold the revision of step {manifest.revision_step}")
     return 0
@@ -419,28 +387,20 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import os
-
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {args.port}")
     name = args.api_key_env or "WFC_API_KEY"
     api_key = os.environ.get(name) or None
     if args.api_key_env and api_key is None:
         raise UsageError(f"--api-key-env {name}: that environment variable is unset or empty; export the key in it")
-    from wfc.serve_limits import ServeLimits
-
     try:
         limits = ServeLimits(max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
                              max_concurrent=args.max_concurrent, max_queue=args.max_queue,
                              request_timeout_s=args.request_timeout, body_timeout_s=args.body_timeout)
     except ValueError as exc:
         raise UsageError(f"serve limits: {exc}") from None
-    from wfc.artifact import read_manifest
-
     read_manifest(args.artifact)  # a wrong directory fails first, before any output and before the model loads
     _quiet_libraries(debug=args.debug)
-    from wfc.serve import serve
-
     print(f"wfc serve: {'API key from $' + name if api_key else 'no API key: every client is served'}",
           file=sys.stderr)
     serve(args.artifact, engine=args.engine, model=args.model, host=args.host, port=args.port, api_key=api_key,
@@ -465,8 +425,6 @@ def _experiment_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     _quiet_libraries(debug=args.debug)
-    from compilers.experiment import run_matrix
-
     for field in ("steps", "group_size", "examples_per_step", "max_tokens", "eval_every", "learning_rate",
                   "temperature", "device"):
         setattr(args, field, None)

@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+import wfc.cli
 import wfc.engines
 from wfc.cli import main
 
@@ -35,7 +36,7 @@ def engines(monkeypatch, tiny_handle):
         calls.append((kind, model, kwargs))
         return real("hf", tiny_handle)
 
-    monkeypatch.setattr(wfc.engines, "make_engine", recording)
+    monkeypatch.setattr(wfc.cli, "make_engine", recording)
     return calls
 
 
