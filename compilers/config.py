@@ -104,6 +104,19 @@ class MMGRPOConfig(BaseModel):
     adaptive_budget: float = Field(
         1.0, gt=0.0, description="adaptive_rollouts' rollouts per drawn example on average at most, in units of "
                                  "group_size (1.0: what fixed groups cost, moved from easy examples to hard ones)")
+    # the warm start (compilers.warm_start): before GRPO, fine-tune each role's adapter on the program's own successes
+    warm_start_runs: int = Field(
+        0, ge=0, description="before GRPO, run the program this many times (sampled, as in training) on every "
+                             "training example, keep the trained roles' calls of the runs that scored full marks, and "
+                             "fine-tune each role's adapter on them (rejection-sampling fine-tuning; costs "
+                             "len(trainset) x this many runs, counted in max_rollout_tokens); 0: off")
+    warm_start_epochs: int = Field(1, ge=1, description="passes of the warm start over its successes")
+    warm_start_batch: int = Field(16, ge=1, description="successes per warm-start optimizer step")
+    warm_start_lr: float | None = Field(
+        None, gt=0.0, description="the warm start's learning rate (None: each adapter's GRPO rate)")
+    warm_start_max_per_example: int | None = Field(
+        None, ge=1, description="most successes one training example gives one role in the warm start (None: no "
+                                "cap): keeps examples the program always solves from filling the batches")
     # prompt optimization composed with weight training (compilers.prompts; BetterTogether)
     strategy: Literal["w", "p", "p -> w"] = Field(
         "w", description="w: weights only; p: few-shot demos only; 'p -> w': bootstrap demos per role, then weights")
@@ -215,6 +228,9 @@ class MMGRPOConfig(BaseModel):
         if self.adaptive_rollouts and self.adaptive_budget * self.group_size < 2:
             raise ValueError(f"adaptive_budget={self.adaptive_budget} x group_size={self.group_size} leaves fewer "
                              f"than 2 rollouts per example: use adaptive_budget >= {2 / self.group_size:g}")
+        if self.warm_start_runs and self.strategy == "p":
+            raise ValueError("warm_start_runs fine-tunes the adapters, but strategy='p' trains prompts only: use "
+                             "strategy='p -> w' (or 'w'), or set warm_start_runs=0")
         if len(set(self.frozen_roles)) != len(self.frozen_roles):
             raise ValueError(f"frozen_roles names a role twice: {self.frozen_roles}")
         return self

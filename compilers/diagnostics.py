@@ -81,7 +81,8 @@ def remedies_in_force(cfg: MMGRPOConfig) -> list[str]:
     """The remedies for a weak signal that ``cfg`` switches on, by config field name (in field order)."""
     on = {"dynamic_sampling": cfg.dynamic_sampling, "pass_band": cfg.pass_band is not None,
           "curriculum_steps": cfg.curriculum_steps > 0, "pass_rate_probe": cfg.pass_rate_probe > 0,
-          "adaptive_rollouts": cfg.adaptive_rollouts, "strategy=p -> w": cfg.strategy == "p -> w",
+          "adaptive_rollouts": cfg.adaptive_rollouts, "warm_start_runs": cfg.warm_start_runs > 0,
+          "strategy=p -> w": cfg.strategy == "p -> w",
           "retrieved_demos": cfg.retrieved_demos > 0}
     return [name for name, flag in on.items() if flag]
 

@@ -14,12 +14,15 @@ probe (``pass_rate_probe``: a ``probe`` record before the step-0 validation) pri
 and may order the curriculum; ``adaptive_rollouts`` sizes each drawn example's group from its rate (the step record's
 ``drawing.group_sizes``, beside ``drawing.indices``); every step record says under ``starvation`` how many drawn
 examples were flat, the running pass rate and the remedies in force, and a starved step says so on the progress bar.
+The warm start (``warm_start_runs``; ``compilers.warm_start``) fine-tunes every trained role's adapter on the
+program's own passing calls before the step-0 validation (a ``warm_start`` record).
 
 Invariants (a resumed compile repeats the uninterrupted one: ``tests/compilers/test_resume.py``): the stages draw
 random numbers in one fixed order (after ``torch.manual_seed(cfg.seed)``: the ``auto`` trace, LoRA init, bootstrap,
-then per step the sampler, the rollouts, counterfactual reruns and the update), and nothing draws between a
-resume's restore of the RNGs and the next step. The pass-rate probe (a fresh run's, before the step-0 validation)
-samples with seeds of its own and draws from no global generator; what it measured is in the sampler's state.
+the warm start's update, then per step the sampler, the rollouts, counterfactual reruns and the update), and nothing
+draws between a resume's restore of the RNGs and the next step. The pass-rate probe and the warm start's runs (a
+fresh run's, before the step-0 validation) sample with seeds of their own and draw from no global generator; what the
+probe measured is in the sampler's state, what the warm start trained is in the adapters.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from compilers.sampling import PromptSampler, adaptive_group_sizes, signal_examp
 from compilers.schedule import lr_multiplier
 from compilers.score import score_rollout
 from compilers.update import AdapterOptimizers, adapter_parameters
+from compilers.warm_start import Harvest, fine_tune, role_counts, run_counts, sft_rows, successes
 from wfc.artifact import CompiledProgram, Manifest, package_versions
 from wfc.engines.base import SamplingParams
 from wfc.lower import copy_program, derive_seed, roles, run_rollouts
@@ -268,10 +272,69 @@ class CompileRun:
             print(f"retrieved demos: {cfg.retrieved_demos} per run from pools "
                   f"{ {role: len(r.pool) for role, r in pools.items()} } ({time.time() - t0:.0f}s)")
 
+    def warm_start(self) -> None:
+        """``warm_start_runs``: fine-tune every trained role's adapter on the program's own successes before GRPO
+        (``compilers.warm_start``: what a success is, the loss). Rank 0 samples ``warm_start_runs`` runs of every
+        training example (seeded (seed, "warm_start", index): no global generator) and keeps the successes; every
+        rank trains on them (``warm_start_lr``, default each adapter's GRPO rate). GRPO's optimizers are untouched;
+        the probe (``pass_rate_probe``) after it measures the warmed program, which GRPO starts from.
+
+        A ``warm_start`` record (also in the manifest's history): ``runs_per_example``, ``runs``, ``passing_runs``,
+        ``examples_passed``, ``successes`` (role -> calls kept), ``duplicates`` and ``capped`` (left out),
+        ``completion_tokens`` (counted in ``max_rollout_tokens``), ``trained``, ``optimizer_steps``,
+        ``learning_rates``, ``loss_before`` / ``loss_after`` (token-mean NLL of the successes, ``"all"`` and per
+        role; None when not trained), ``skipped`` (why not, or None), ``seconds``. No success: nothing is trained,
+        ``skipped`` says so and a warning repeats it. The step-0 validation after it is what the warm start alone
+        reaches. Skipped on a resume: the checkpoint after it holds the warmed adapters."""
+        cfg = self.cfg
+        if not cfg.warm_start_runs or self.resumed is not None:
+            return
+        t0 = time.time()
+        harvest, counts = self.distributed.broadcast(self.sample_successes() if self.main else None)
+        self.state.loop.spent += counts["completion_tokens"]
+        rates = {a: cfg.warm_start_lr or r for a, r in self.rates.items()}
+        record = {"kind": "warm_start", "runs_per_example": cfg.warm_start_runs, **counts,
+                  "successes": role_counts(harvest.kept, self.trained), "duplicates": harvest.duplicates,
+                  "capped": harvest.capped, "trained": bool(harvest.kept), "optimizer_steps": 0,
+                  "learning_rates": rates, "loss_before": None, "loss_after": None, "skipped": None}
+        if harvest.kept:
+            record.update(fine_tune(self.policy, sft_rows(harvest.kept, self.role_adapters), config=cfg, rates=rates,
+                                    distributed=self.distributed))
+            self.hand_off()
+        else:
+            found = (f"no passing run among {counts['runs']} sampled runs" if not counts["passing_runs"] else
+                     f"{counts['passing_runs']} of {counts['runs']} sampled runs passed without a call of a trained "
+                     "role")
+            record["skipped"] = (f"warm start: {found} ({cfg.warm_start_runs} per training example): 0 successes, "
+                                 "nothing to fine-tune on; GRPO starts from the untrained adapters")
+            if self.main:
+                warnings.warn(record["skipped"], stacklevel=3)
+        record["seconds"] = round(time.time() - t0, 2)
+        self.log.append(record)
+        self.state.loop.history.append(record)
+        if self.progress and harvest.kept:
+            print(f"warm start: {counts['passing_runs']} of {counts['runs']} runs passed, successes per role "
+                  f"{record['successes']}, SFT loss {record['loss_before']['all']:.3f} -> "
+                  f"{record['loss_after']['all']:.3f} ({record['seconds']:.0f}s)")
+
+    def sample_successes(self) -> tuple[Harvest, dict[str, int]]:
+        """The warm start's sampled, scored runs -> its successes and the runs' counts (``run_counts``)."""
+        cfg = self.cfg
+        rollouts = run_rollouts(self.student, self.trainset, self.engine, repeats=cfg.warm_start_runs,
+                                adapters=self.role_adapters, sampling=self.sampling, max_workers=cfg.rollout_workers,
+                                seeds=[derive_seed(cfg.seed, "warm_start", i) for i in range(len(self.trainset))],
+                                stop_roles=self.frozen if cfg.skip_frozen else ())
+        for graphs in rollouts:
+            for g in graphs:
+                score_rollout(self.metric, g, failure_score=cfg.failure_score,
+                              metric_failure_score=cfg.metric_failure_score)
+        harvest = successes(rollouts, self.trained, max_per_example=cfg.warm_start_max_per_example)
+        return harvest, run_counts(rollouts)
+
     # ----- start: the step-0 baseline, or a resume ------------------------------------------------------------------
     def baseline(self) -> None:
-        """A fresh run: the pass-rate probe (``pass_rate_probe``), validate the untrained adapters (step 0) and
-        checkpoint."""
+        """A fresh run: the pass-rate probe (``pass_rate_probe``), validate the adapters before any GRPO step (step 0:
+        untrained, or as the warm start left them) and checkpoint."""
         self.probe()
         loop = self.state.loop
         loop.val = self.validate(0)

@@ -37,9 +37,14 @@ cliff (``cliff_patience`` evaluations more than ``cliff_drop`` below the best) r
 the best revision to that revision's exact weights, multiplies its learning rate by ``cliff_lr_factor``, and records
 an event (``metrics.jsonl`` kind ``event``, and ``manifest.events``). Every evaluated revision is still kept.
 
-Log records (``metrics.jsonl``): ``plan`` (backend, role -> adapter, reasons), ``eval``, ``step`` (with per-role
-diagnostics under ``roles``, the guards in force under ``guards``, and the engine/trainer ``logprob_mismatch`` that
-``importance_correction`` acts on), ``event``, ``resume`` (a resumed compile: the step it continued after).
+Warm start (``warm_start_runs``; ``compilers.warm_start``): before the step-0 validation, sample runs of every
+training example, keep the trained roles' calls of the passing ones, and fine-tune each role's adapter on them
+(rejection-sampling fine-tuning); the step-0 validation then measures what the warm start alone reaches.
+
+Log records (``metrics.jsonl``): ``plan`` (backend, role -> adapter, reasons), ``warm_start``, ``eval``, ``step``
+(with per-role diagnostics under ``roles``, the guards in force under ``guards``, and the engine/trainer
+``logprob_mismatch`` that ``importance_correction`` acts on), ``event``, ``resume`` (a resumed compile: the step it
+continued after).
 
 Resume (``compilers.checkpoint``): after the step-0 validation and after every step, the whole training state is
 checkpointed in ``run_dir/checkpoint/``; ``compile(..., resume=RUN_DIR)`` restores it, cuts ``metrics.jsonl`` back to
@@ -170,6 +175,7 @@ class MMGRPO(Teleprompter):
         run.open_log()
         run.bootstrap()  # strategy p / p -> w: demos
         run.retrieve_demos()  # retrieved_demos: pools
+        run.warm_start()  # warm_start_runs: fine-tune on the program's own successes (a fresh run only)
         if run.resumed is None:
             run.baseline()  # step-0 validation, first checkpoint
         else:

@@ -442,19 +442,27 @@ def update(policy, optimizers: AdapterOptimizers, groups: Sequence[Group], role_
            config, weights: Mapping[tuple, float] | None = None,
            distributed: Distributed | None = None,
            entropy_coefs: Mapping[str, float] | None = None) -> dict[str, dict[str, Any]]:
-    """One step for every adapter in play; each adapter trains only on its own roles' rows, with its own optimizer.
+    """One step for every adapter in play on the groups' rows (:func:`rows_from_groups`; ``weights``: fan-out row
+    weights, ``compilers.guards.fanout_weights``): :func:`update_rows`."""
+    return update_rows(policy, optimizers, rows_from_groups(groups, role_adapters, weights=weights), config=config,
+                       distributed=distributed, entropy_coefs=entropy_coefs)
 
-    ``weights``: fan-out row weights (``compilers.guards.fanout_weights``). With ``config.role_balance``, adapters
-    with rows of several roles are balanced (``compilers.guards.balance_weights``); with ``config.role_clip``, each
-    role's contribution is clipped at ``config.role_max_grad_norm.get(role, config.max_grad_norm)``.
+
+def update_rows(policy, optimizers: AdapterOptimizers, rows: list[Row], *, config,
+                distributed: Distributed | None = None,
+                entropy_coefs: Mapping[str, float] | None = None) -> dict[str, dict[str, Any]]:
+    """One step for every adapter in play; each adapter trains only on its own rows, with its own optimizer.
+
+    With ``config.role_balance``, adapters with rows of several roles are balanced
+    (``compilers.guards.balance_weights``); with ``config.role_clip``, each role's contribution is clipped at
+    ``config.role_max_grad_norm.get(role, config.max_grad_norm)``.
     Per adapter, the stats add ``roles``: role -> ``mass_share`` (share of the adapter's gradient mass after all
     weights), ``mass_share_raw`` (before role balancing), ``balance_weight``, and the per-role gradient stats.
     Runs under ``policy.training()`` (its lock: no colocated generation sees a half-updated adapter; bf16 autocast
     on CUDA), and bumps the policy's revision of every adapter the optimizer stepped: hand those to the engine.
-    ``distributed``: the ranks sharing the backward; every rank passes the same (whole step's) ``groups``.
+    ``distributed``: the ranks sharing the backward; every rank passes the same (whole step's) ``rows``.
     ``entropy_coefs``: role -> entropy-bonus coefficient (see :func:`update_adapter`).
     """
-    rows = rows_from_groups(groups, role_adapters, weights=weights)
     if any(r.grammar is not None for r in rows):
         attach_masks(rows, policy.grammar_masks)
     unit = "rows" if config.loss_aggregation == "sequence" else "tokens"
@@ -479,4 +487,28 @@ def update(policy, optimizers: AdapterOptimizers, groups: Sequence[Group], role_
             out[adapter] = st
             if st["trained_rows"]:
                 policy.mark_changed(adapter)
+    return out
+
+
+def completion_nll(policy, rows: list[Row], *, config) -> list[tuple[float, int]]:
+    """Per row, in order: (the summed negative log-likelihood of its completion's free tokens, their count) under
+    its adapter, at ``config.temperature`` as the update computes log-probs (packed, grammar-masked; a choice row's
+    among its choices). No gradient; every rank computes all rows."""
+    if any(r.grammar is not None for r in rows):
+        attach_masks(rows, policy.grammar_masks)
+    out: list[tuple[float, int]] = [(0.0, 0)] * len(rows)
+    with torch.no_grad(), policy.training() as model:
+        for adapter in dict.fromkeys(r.adapter for r in rows):
+            index = [i for i, r in enumerate(rows) if r.adapter == adapter]
+            part = _part([rows[i] for i in index], config.token_budget, SingleProcess())
+            model.set_adapter(adapter)
+            for mb in part.plan:
+                lps = packed_logprobs(model, [part.groups[g] for g in mb], token_budget=1 << 30,
+                                      temperature=config.temperature, masks=[part.masks[g] for g in mb])
+                for g, group_lps in zip(mb, lps):
+                    for j, t in zip(part.packs[g][1], _completion_logprobs(part, g, group_lps)):
+                        row = part.rows[j]
+                        free = torch.tensor(row.free if row.free is not None else [True] * t.shape[0],
+                                            device=t.device)
+                        out[index[j]] = (float(-t.float()[free].sum()), int(free.sum()))
     return out

@@ -34,9 +34,9 @@ def test_starvation_on_the_progress_bar_and_in_a_sentence():
 def test_remedies_in_force_by_field_name():
     assert remedies_in_force(MMGRPOConfig()) == []  # the defaults switch none on
     cfg = MMGRPOConfig(dynamic_sampling=True, pass_band=(0.0, 1.0), curriculum_steps=5, pass_rate_probe=4,
-                       adaptive_rollouts=True, strategy="p -> w", retrieved_demos=2)
+                       adaptive_rollouts=True, warm_start_runs=4, strategy="p -> w", retrieved_demos=2)
     assert remedies_in_force(cfg) == ["dynamic_sampling", "pass_band", "curriculum_steps", "pass_rate_probe",
-                                      "adaptive_rollouts", "strategy=p -> w", "retrieved_demos"]
+                                      "adaptive_rollouts", "warm_start_runs", "strategy=p -> w", "retrieved_demos"]
 
 
 def test_adaptive_rollouts_config_is_checked():
