@@ -218,7 +218,8 @@ class HFEngine(BatchingEngine):
         self.min_shared_prefix = min_shared_prefix  # shorter common prefixes are not worth a separate pass
         # what one more decode step costs, in prompt tokens of prefill: the price of splitting a batch in two
         self.decode_step_tokens = decode_step_tokens
-        self.stats = {"generate_calls": 0, "rows": 0, "batch_sizes": []}
+        # rows: requests answered; prompt/completion tokens: what they conditioned on and produced (usage counts)
+        self.stats = {"generate_calls": 0, "rows": 0, "batch_sizes": [], "prompt_tokens": 0, "completion_tokens": 0}
 
     # ----- read-only views of the policy ----------------------------------------------------------------------
     @property
@@ -372,7 +373,12 @@ class HFEngine(BatchingEngine):
                     finish_reason=finish,
                 )
             )
+        self._count(results)
         return results
+
+    def _count(self, results: list[Generation]) -> None:
+        self.stats["prompt_tokens"] += sum(len(g.prompt_ids) for g in results)
+        self.stats["completion_tokens"] += sum(len(g.completion_ids) for g in results)
 
     def _choose_rows(self, requests: list[GenerationRequest], sampling: SamplingParams,
                      prompt_ids: list[list[int]]) -> list[Generation]:
@@ -428,6 +434,7 @@ class HFEngine(BatchingEngine):
             results.append(Generation(text=sampling.choices[pick], prompt_ids=list(prompt_ids[q]),
                                       completion_ids=list(options[pick]), logprobs=chosen.tolist(),
                                       finish_reason="stop", choice_ids=[list(o) for o in options]))
+        self._count(results)
         return results
 
     def _check_adapters(self, wanted: list[str | None]) -> None:

@@ -1,0 +1,177 @@
+"""MMGRPO side by side with DSPy's own optimizers (issue 47) on the demo: same program, same train/val/test splits,
+same engine and DSPy adapter, same greedy held-out evaluation (``compilers.evaluate``).
+
+Arms: ``uncompiled``; ``labeled`` (LabeledFewShot); ``bfrs`` (BootstrapFewShotWithRandomSearch); ``mipro``
+(MIPROv2, auto="light"); ``gepa`` (GEPA, auto="light"; its reflection LM is the same local model unless
+``--reflection-model``); ``finetune`` (BootstrapFinetune, where DSPy can fine-tune the local LM); ``mmgrpo`` (the
+demo's recipe); ``together`` (dspy.BetterTogether: the prompt arm best on the validation set, then MMGRPO). DSPy's
+optimizers run on :class:`wfc.lm.LocalLM` handles of the one engine, under wfc's compact adapter (the one the demo's
+artifact runs with), with DSPy's defaults otherwise.
+
+    python benchmarks/vs_dspy.py --seed 0 --out runs/vs_dspy/seed0.json            # every arm
+    python benchmarks/vs_dspy.py --seed 0 --arms uncompiled,labeled --out ...       # some
+
+Each arm's row is written as it finishes (atomically); arms already in ``--out`` are skipped, so a killed run goes on.
+A row: held-out accuracy with its 95% interval, validation accuracy (what ``together`` picks by), wall minutes, LM
+calls and prompt/completion tokens (the engine's counters over the arm), or the error an optimizer raised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import dspy
+
+from compilers import MMGRPO, evaluate
+from compilers.presets import arithmetic
+from compilers.recipes import get_recipe
+from wfc.adapter import CompactChatAdapter
+from wfc.artifact import CompiledProgram
+from wfc.engines.hf import HFEngine
+from wfc.lm import LocalLM
+
+ARMS = ("uncompiled", "labeled", "bfrs", "mipro", "gepa", "finetune", "mmgrpo", "together")
+PROMPT_ARMS = ("labeled", "bfrs", "mipro", "gepa")
+THREADS = 32  # DSPy's worker threads: the engine batches their concurrent calls
+
+
+def gepa_metric(gold, pred, trace=None, pred_name=None, pred_trace=None):
+    """The demo's metric in GEPA's five-argument form (score only, no textual feedback)."""
+    return arithmetic.metric()(gold, pred, trace)
+
+
+def prompt_optimizer(name: str, *, seed: int, lm: LocalLM, reflection: LocalLM) -> dspy.teleprompt.Teleprompter:
+    metric = arithmetic.metric()
+    if name == "labeled":
+        return dspy.LabeledFewShot()
+    if name == "bfrs":
+        return dspy.BootstrapFewShotWithRandomSearch(metric, num_threads=THREADS)
+    if name == "mipro":
+        return dspy.MIPROv2(metric, auto="light", prompt_model=reflection, task_model=lm, num_threads=THREADS,
+                            seed=seed)
+    if name == "gepa":
+        return dspy.GEPA(gepa_metric, auto="light", reflection_lm=reflection, num_threads=THREADS, seed=seed)
+    raise ValueError(f"unknown prompt arm {name!r}: one of {PROMPT_ARMS}")
+
+
+def compile_kwargs(optimizer, trainset, valset, seed: int) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"trainset": trainset}
+    if not isinstance(optimizer, dspy.LabeledFewShot) and not isinstance(optimizer, dspy.BootstrapFinetune):
+        kwargs["valset"] = valset
+    if isinstance(optimizer, dspy.MIPROv2):
+        kwargs.update(seed=seed, requires_permission_to_run=False)
+    return kwargs
+
+
+def held_out(program: dspy.Module, examples, engine, max_tokens: int) -> dict[str, Any]:
+    """Greedy accuracy and interval of a plain program (base weights) or a CompiledProgram (its adapters)."""
+    inner, roles = (program.program, program.roles) if isinstance(program, CompiledProgram) else (program, {})
+    out = evaluate(inner, examples, engine, metric=arithmetic.metric(), adapters=roles, max_tokens=max_tokens)
+    return {"accuracy": out["accuracy"], "interval": list(out["interval"])}
+
+
+class Bench:
+    def __init__(self, seed: int, out: Path, reflection_model: str | None, *, model: str = "smollm2-135m",
+                 limit: int | None = None, steps: int = arithmetic.STEPS):
+        self.seed, self.out, self.picked = seed, out, None
+        self.rows: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
+        task = arithmetic.demo_task()
+        self.trainset, self.valset, self.testset = (list(s[:limit]) if limit else list(s)
+                                                    for s in (task.trainset, task.valset, task.testset))
+        self.recipe = {**get_recipe(arithmetic.RECIPE), "steps": steps, "seed": seed}
+        self.max_tokens = self.recipe["max_tokens"]
+        self.engine = HFEngine(model)
+        self.lm = LocalLM(self.engine, max_tokens=self.max_tokens)
+        self.reflection = LocalLM(reflection_model or self.engine, max_tokens=256, temperature=1.0)
+
+    def student(self) -> dspy.Module:
+        program = arithmetic.program()
+        program.set_lm(self.lm)
+        return program
+
+    def run(self, name: str, build: Callable[[], dspy.Module]) -> None:
+        if name in self.rows:
+            print(f"{name}: already in {self.out}, skipped")
+            return
+        before = dict(self.engine.stats)
+        t0 = time.time()
+        try:
+            with dspy.context(adapter=CompactChatAdapter(), lm=self.lm, num_threads=THREADS):
+                program = build()
+            minutes = (time.time() - t0) / 60
+            counts = {k: self.engine.stats[k] - before[k] for k in ("rows", "prompt_tokens", "completion_tokens")}
+            row = {"minutes": round(minutes, 2), "lm_calls": counts["rows"], "prompt_tokens": counts["prompt_tokens"],
+                   "completion_tokens": counts["completion_tokens"],
+                   "val": held_out(program, self.valset, self.engine, self.max_tokens)["accuracy"],
+                   **held_out(program, self.testset, self.engine, self.max_tokens)}
+            if isinstance(program, CompiledProgram):
+                row["adapters"] = sorted(set(program.roles.values()) - {None})
+            if name == "together":  # the prompt arm it ran first, and the candidate BetterTogether returned
+                row["picked"] = self.picked
+                row["strategy"] = program.candidate_programs[0]["strategy"] or "uncompiled"
+        except Exception as exc:  # an optimizer that cannot run here is a result too: say why
+            row = {"error": f"{type(exc).__name__}: {str(exc)[:500]}", "minutes": round((time.time() - t0) / 60, 2)}
+        self.rows[name] = row
+        tmp = self.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.rows, indent=1))
+        os.replace(tmp, self.out)
+        print(f"{name}: {row}")
+
+    def arm(self, name: str) -> Callable[[], dspy.Module]:
+        train, val = self.trainset, self.valset
+        if name == "uncompiled":
+            return self.student
+        if name in PROMPT_ARMS:
+            opt = prompt_optimizer(name, seed=self.seed, lm=self.lm, reflection=self.reflection)
+            return lambda: opt.compile(self.student(), **compile_kwargs(opt, train, val, self.seed))
+        if name == "finetune":
+            opt = dspy.BootstrapFinetune(arithmetic.metric(), num_threads=THREADS)
+            return lambda: opt.compile(self.student(), trainset=train)
+        if name == "mmgrpo":
+            return lambda: MMGRPO(arithmetic.metric(), **self.recipe).compile(
+                self.student(), trainset=train, valset=val, run_dir=Path("runs") / f"vs-dspy-mmgrpo-{self.seed}")
+        if name == "together":
+            return self.together
+        raise ValueError(f"unknown arm {name!r}: one of {ARMS}")
+
+    def together(self) -> dspy.Module:
+        ran = {k: self.rows[k]["val"] for k in PROMPT_ARMS if "val" in self.rows.get(k, {})}
+        if not ran:
+            raise ValueError("run at least one prompt arm before 'together' (it picks the best on validation)")
+        best = max(ran, key=ran.get)
+        self.picked = best
+        p = prompt_optimizer(best, seed=self.seed, lm=self.lm, reflection=self.reflection)
+        w = MMGRPO(arithmetic.metric(), **self.recipe)
+        return dspy.BetterTogether(arithmetic.metric(), p=p, w=w).compile(
+            self.student(), trainset=self.trainset, valset=self.valset, strategy="p -> w",
+            optimizer_compile_args={"p": {k: v for k, v in compile_kwargs(p, [], [], self.seed).items()
+                                          if k not in ("trainset", "valset")}})
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, in order; from {','.join(ARMS)}")
+    ap.add_argument("--out", type=Path, default=None, help="default runs/vs_dspy/seed<SEED>.json")
+    ap.add_argument("--reflection-model", default=None,
+                    help="a model for MIPROv2's proposer and GEPA's reflection (default: the local model itself)")
+    ap.add_argument("--model", default="smollm2-135m", help="the base model (tests: tiny)")
+    ap.add_argument("--limit", type=int, default=None, help="use the first N examples of each split (smoke runs)")
+    ap.add_argument("--steps", type=int, default=arithmetic.STEPS, help="MMGRPO's steps (the demo's by default)")
+    args = ap.parse_args(argv)
+    logging.getLogger("dspy").setLevel(logging.WARNING)
+    out = args.out or Path("runs/vs_dspy") / f"seed{args.seed}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    bench = Bench(args.seed, out, args.reflection_model, model=args.model, limit=args.limit, steps=args.steps)
+    for name in [a.strip() for a in args.arms.split(",") if a.strip()]:
+        bench.run(name, bench.arm(name))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""benchmarks/vs_dspy.py on the tiny model: every arm writes its row (accuracy with an interval, LM calls and tokens
+from the engine's counters, or the optimizer's error), a rerun skips finished arms, BetterTogether picks the prompt
+arm best on validation and ends in a CompiledProgram."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks import vs_dspy
+
+
+def test_arms_write_rows_and_a_rerun_skips_them(tmp_path, capsys):
+    out = tmp_path / "seed0.json"
+    args = ["--model", "tiny", "--limit", "4", "--steps", "1", "--out", str(out)]
+    vs_dspy.main([*args, "--arms", "uncompiled,labeled,finetune,mmgrpo,together"])
+    rows = json.loads(out.read_text())
+    assert list(rows) == ["uncompiled", "labeled", "finetune", "mmgrpo", "together"]
+    for name in ("uncompiled", "labeled", "mmgrpo", "together"):
+        row = rows[name]
+        assert 0.0 <= row["accuracy"] <= 1.0 and row["interval"][0] <= row["accuracy"] <= row["interval"][1]
+    assert rows["uncompiled"]["lm_calls"] == 0  # building it calls nothing; evaluation is not counted
+    assert rows["mmgrpo"]["lm_calls"] > 0 and rows["mmgrpo"]["completion_tokens"] > 0
+    assert rows["mmgrpo"]["adapters"] == ["shared"]
+    assert rows["together"]["picked"] == "labeled" and rows["together"]["strategy"] in ("uncompiled", "p", "p -> w")
+    assert "fine-tun" in rows["finetune"]["error"]  # DSPy cannot fine-tune a custom-engine LM: said, not hidden
+    capsys.readouterr()
+    vs_dspy.main([*args, "--arms", "uncompiled"])
+    assert "already in" in capsys.readouterr().out
