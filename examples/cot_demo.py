@@ -21,6 +21,7 @@ from compilers import MMGRPO, evaluate
 from compilers.recipes import get_recipe
 from wfc.constrain import with_budgets
 from wfc.engines.hf import HFEngine
+from wfc.flags import add_set_flag, apply_overrides, parse_set
 from wfc.tasks import get_task
 from wfc.tasks.math import math_metric
 
@@ -41,20 +42,29 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reasoning-tokens", type=int, default=24)
     ap.add_argument("--max-tokens", type=int, default=64, help="every call's token limit (markers included)")
     ap.add_argument("--out", default="artifacts/cot-demo")
+    ap.add_argument("--run-name", default=None, help="runs/<name> (default cot-seed<SEED>)")
+    add_set_flag(ap, what="recipe field")
     args = ap.parse_args(argv)
+    try:
+        overrides = parse_set(args.set)
+    except ValueError as exc:
+        ap.error(str(exc))
+    run_dir = Path("runs") / (args.run_name or f"cot-seed{args.seed}")
     task = get_task("arithmetic", n_train=400, n_val=100, n_test=300, seed=1, steps=1, max_operand=20)
     engine = HFEngine("smollm2-135m")
     prog = program(args.reasoning_tokens)
     t0 = time.time()
     base = evaluate(prog, task.testset, engine, metric=math_metric, adapters={}, max_tokens=args.max_tokens,
                     progress="baseline")
-    recipe = {**get_recipe("wide-warmup"), "max_tokens": args.max_tokens, "steps": args.steps, "seed": args.seed}
+    recipe = apply_overrides({**get_recipe("wide-warmup"), "max_tokens": args.max_tokens, "steps": args.steps,
+                              "seed": args.seed}, overrides)
     compiled = MMGRPO(math_metric, **recipe).compile(prog, trainset=task.trainset, valset=task.valset, engine=engine,
-                                                     run_dir=Path("runs") / f"cot-seed{args.seed}")
+                                                     run_dir=run_dir)
     after = evaluate(compiled.program, task.testset, engine, metric=math_metric, adapters=compiled.roles,
                      max_tokens=args.max_tokens, progress="held-out")
     errors = sum(c.status == "format_error" for g in after["graphs"] for c in g.calls)
-    summary = {"seed": args.seed, "baseline": base["accuracy"], "baseline_interval": base["interval"],
+    summary = {"seed": args.seed, "overrides": overrides, "baseline": base["accuracy"],
+               "baseline_interval": base["interval"],
                "compiled": after["accuracy"], "compiled_interval": after["interval"],
                "gain": after["accuracy"] - base["accuracy"], "format_errors_after": errors,
                "minutes": round((time.time() - t0) / 60, 1)}
@@ -62,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     path = compiled.save(args.out)
     loaded = wfc.load(path, engine=engine)
     print(f"artifact {path}: {task.testset[0].question} -> {loaded(question=task.testset[0].question).answer}")
-    Path("runs", f"cot-seed{args.seed}", "summary.json").write_text(json.dumps(summary, indent=1))
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":
