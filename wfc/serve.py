@@ -15,6 +15,10 @@ Routes (every one but ``/health`` requires ``Authorization: Bearer <key>`` when 
 - ``GET /v1/stats``: load and counters (:class:`wfc.serve_limits.ServeStats`). ``GET /health``: liveness, what is
   served, and the current load.
 
+Layout: :class:`ServeState` holds what the routes share (program, engine, limits, pool, gate, counters); each route
+group is built by its own function (``health_router``, ``stats_router``, ``models_router``, ``programs_router``,
+``chat_router``), and :func:`create_app` registers them, the API-key check on all but ``/health``.
+
 Limits (:mod:`wfc.serve_limits`, set by :class:`ServeLimits`): body size and body time, prompt tokens (at most the
 model's context), a bounded queue (``max_concurrent`` working, ``max_queue`` waiting), a per-request timeout; a
 client that disconnects gives its slot back and its pending engine calls are withdrawn.
@@ -238,6 +242,57 @@ def sse_events(head: dict[str, Any], gens, tokenizer, usage: dict[str, int] | No
     yield "data: [DONE]\n\n"
 
 
+# ----- the app's state ------------------------------------------------------------------------------------------------
+class ServeState:
+    """What the routes share, built once per app: the compiled program and its engine, the settings (``limits``,
+    ``max_tokens_limit``, the prompt limit they come to), the tables read off the artifact (chat ``routes``, program
+    ``inputs``, sampling ``defaults``), the worker ``pool`` (``max_concurrent`` threads), the ``gate`` and the counters
+    (``stats``). Checks the settings, so a bad one fails in :func:`create_app`, before anything is served."""
+
+    def __init__(self, compiled, *, max_tokens_limit: int, limits: ServeLimits):
+        try:  # the limit must itself be a valid request: the engine protocol bounds max_tokens too
+            SamplingParams(max_tokens=max_tokens_limit)
+        except ValidationError as exc:
+            raise ValueError(f"max_tokens_limit={max_tokens_limit} is out of range: {exc.errors()[0]['msg']}") from None
+        self.compiled, self.manifest, self.engine = compiled, compiled.manifest, compiled.engine
+        self.limits, self.max_tokens_limit = limits, max_tokens_limit
+        self.context = context = self.engine.context_length
+        if limits.max_prompt_tokens is not None and context is not None and limits.max_prompt_tokens > context:
+            raise ValueError(f"max_prompt_tokens={limits.max_prompt_tokens} is above the model's context of {context} "
+                             "tokens; pass at most that, or None for the context itself")
+        self.max_prompt_tokens = limits.max_prompt_tokens or context
+        self.count = PromptCounter(self.engine)
+        self.routes = model_routes(self.manifest)
+        self.inputs = program_inputs(compiled.program)
+        self.defaults = compiled.sampling()
+        self.created = int(time.time())
+        self.pool = ThreadPoolExecutor(max_workers=limits.max_concurrent, thread_name_prefix="wfc-serve")
+        self.stats = ServeStats()
+        self.gate = Gate(limits, self.stats)
+
+    async def in_pool(self, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)`` on a thread of the pool, awaited."""
+        # a copy of the caller's context, so dspy.context settings follow the call onto the worker thread
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, call)
+
+    async def guarded(self, raw: Request, work) -> tuple[RequestWork, Any]:
+        """``work(job)`` through the gate (queue, timeout, disconnect); an engine that raised is a 503."""
+        job = RequestWork(self.engine, count=self.count, max_prompt_tokens=self.max_prompt_tokens, context=self.context)
+        try:
+            return job, await self.gate.run(raw.receive, work, job)
+        except (APIError, RequestCancelled, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise self.engine_failed(exc) from exc
+
+    def engine_failed(self, exc: BaseException, *, extra: dict[str, Any] | None = None) -> APIError:
+        """The 503 for an engine that raised ``exc``, counted."""
+        self.stats.outcomes["engine_error"] += 1
+        return APIError(503, f"the engine failed: {type(exc).__name__}: {exc}; the server is still up, retry",
+                        kind="server_error", code="engine_error", extra=extra)
+
+
 # ----- the app --------------------------------------------------------------------------------------------------------
 def create_app(compiled, *, api_key: str | None = None, max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT,
                limits: ServeLimits | None = None) -> FastAPI:
@@ -250,48 +305,30 @@ def create_app(compiled, *, api_key: str | None = None, max_tokens_limit: int = 
     """
     if api_key is not None and not api_key:
         raise ValueError("api_key is empty: pass None to serve without a key, or a non-empty key")
-    try:  # the limit must itself be a valid request: the engine protocol bounds max_tokens too
-        SamplingParams(max_tokens=max_tokens_limit)
-    except ValidationError as exc:
-        raise ValueError(f"max_tokens_limit={max_tokens_limit} is out of range: {exc.errors()[0]['msg']}") from None
     limits = limits or ServeLimits()
-    manifest, engine = compiled.manifest, compiled.engine
-    context = engine.context_length
-    if limits.max_prompt_tokens is not None and context is not None and limits.max_prompt_tokens > context:
-        raise ValueError(f"max_prompt_tokens={limits.max_prompt_tokens} is above the model's context of {context} "
-                         "tokens; pass at most that, or None for the context itself")
-    max_prompt_tokens = limits.max_prompt_tokens or context
-    count = PromptCounter(engine)
-    routes = model_routes(manifest)
-    inputs = program_inputs(compiled.program)
-    defaults = compiled.sampling()
-    created = int(time.time())
-    pool = ThreadPoolExecutor(max_workers=limits.max_concurrent, thread_name_prefix="wfc-serve")
-    stats = ServeStats()
-    gate = Gate(limits, stats)
+    state = ServeState(compiled, max_tokens_limit=max_tokens_limit, limits=limits)
+    app = FastAPI(title=f"wfc: {state.manifest.name}", lifespan=_closes_pool(state.pool))
+    app.add_middleware(BodyLimit, limits=limits, stats=state.stats)
+    app.state.compiled, app.state.pool, app.state.stats, app.state.limits = compiled, state.pool, state.stats, limits
+    for exc_class, handler in ERROR_HANDLERS.items():
+        app.add_exception_handler(exc_class, handler)
+    app.include_router(health_router(state))  # open
+    keyed = [Depends(bearer_key(api_key))]
+    for router in (stats_router(state), models_router(state), programs_router(state), chat_router(state)):
+        app.include_router(router, dependencies=keyed)
+    return app
 
+
+def _closes_pool(pool: ThreadPoolExecutor):
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
         pool.shutdown(wait=False, cancel_futures=True)
+    return lifespan
 
-    async def in_pool(fn, *args, **kwargs):
-        # a copy of the caller's context, so dspy.context settings follow the call onto the worker thread
-        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(pool, call)
 
-    async def guarded(raw: Request, work):
-        """``work(job)`` through the gate (queue, timeout, disconnect); an engine that raised is a 503."""
-        job = RequestWork(engine, count=count, max_prompt_tokens=max_prompt_tokens, context=context)
-        try:
-            return job, await gate.run(raw.receive, work, job)
-        except (APIError, RequestCancelled, asyncio.CancelledError):
-            raise
-        except Exception as exc:
-            stats.outcomes["engine_error"] += 1
-            raise APIError(503, f"the engine failed: {type(exc).__name__}: {exc}; the server is still up, retry",
-                           kind="server_error", code="engine_error") from exc
-
+def bearer_key(api_key: str | None):
+    """The dependency that checks ``Authorization: Bearer <api_key>`` (a 401 otherwise; nothing when no key)."""
     async def check_key(authorization: str | None = Header(None)) -> None:
         if api_key is None:
             return
@@ -299,6 +336,82 @@ def create_app(compiled, *, api_key: str | None = None, max_tokens_limit: int = 
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
             raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
                            kind="authentication_error", code="invalid_api_key")
+    return check_key
+
+
+# ----- error handlers: every error in OpenAI's shape ------------------------------------------------------------------
+async def _api_error(_request: Request, exc: APIError):
+    return exc.response()
+
+
+async def _cancelled(_request: Request, _exc: RequestCancelled):
+    return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+
+
+async def _invalid(_request: Request, exc: RequestValidationError):
+    return APIError(422, _validation_message(exc)).response()
+
+
+async def _http_error(_request: Request, exc: StarletteHTTPException):
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return APIError(exc.status_code, str(exc.detail), kind=kind).response()
+
+
+async def _bug(_request: Request, exc: Exception):
+    return error_response(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")
+
+
+ERROR_HANDLERS = {APIError: _api_error, RequestCancelled: _cancelled, RequestValidationError: _invalid,
+                  StarletteHTTPException: _http_error, Exception: _bug}
+
+
+# ----- routes: health and stats ---------------------------------------------------------------------------------------
+def health_router(state: ServeState) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health():
+        manifest, stats, limits = state.manifest, state.stats, state.limits
+        return {"status": "ok", "program": manifest.name, "base_model": manifest.base_model,
+                "roles": manifest.roles, "engine": type(state.engine).__name__,
+                "load": {"active": stats.active, "waiting": stats.waiting, "max_concurrent": limits.max_concurrent,
+                         "max_queue": limits.max_queue}}
+
+    return router
+
+
+def stats_router(state: ServeState) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/v1/stats")
+    async def server_stats():
+        return {**state.stats.view(),
+                "limits": {**dataclasses.asdict(state.limits), "max_prompt_tokens": state.max_prompt_tokens,
+                           "context_length": state.context, "max_tokens_limit": state.max_tokens_limit}}
+
+    return router
+
+
+# ----- routes: models -------------------------------------------------------------------------------------------------
+def models_router(state: ServeState) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/v1/models")
+    async def list_models():
+        data = []
+        for name, adapter in state.routes.items():
+            kind = "role" if name in state.manifest.roles else ("adapter" if adapter is not None else "base")
+            data.append({"id": name, "object": "model", "created": state.created, "owned_by": "wfc", "kind": kind,
+                         "adapter": adapter})
+        return {"object": "list", "data": data}
+
+    return router
+
+
+# ----- routes: programs -----------------------------------------------------------------------------------------------
+def programs_router(state: ServeState) -> APIRouter:
+    router = APIRouter()
+    manifest, compiled = state.manifest, state.compiled
 
     def known_program(name: str) -> str:
         if name != manifest.name:
@@ -306,128 +419,97 @@ def create_app(compiled, *, api_key: str | None = None, max_tokens_limit: int = 
                            kind="not_found_error", param="name", code="program_not_found")
         return name
 
-    app = FastAPI(title=f"wfc: {manifest.name}", lifespan=lifespan)
-    app.add_middleware(BodyLimit, limits=limits, stats=stats)
-    app.state.compiled, app.state.pool, app.state.stats, app.state.limits = compiled, pool, stats, limits
-    api = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
-
-    @app.exception_handler(APIError)
-    async def _api_error(_request: Request, exc: APIError):
-        return exc.response()
-
-    @app.exception_handler(RequestCancelled)
-    async def _cancelled(_request: Request, _exc: RequestCancelled):
-        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError):
-        return APIError(422, _validation_message(exc)).response()
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_request: Request, exc: StarletteHTTPException):
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return APIError(exc.status_code, str(exc.detail), kind=kind).response()
-
-    @app.exception_handler(Exception)
-    async def _bug(_request: Request, exc: Exception):
-        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")
-
-    @app.get("/health")
-    async def health():
-        return {"status": "ok", "program": manifest.name, "base_model": manifest.base_model,
-                "roles": manifest.roles, "engine": type(engine).__name__,
-                "load": {"active": stats.active, "waiting": stats.waiting, "max_concurrent": limits.max_concurrent,
-                         "max_queue": limits.max_queue}}
-
-    @api.get("/stats")
-    async def server_stats():
-        return {**stats.view(), "limits": {**dataclasses.asdict(limits), "max_prompt_tokens": max_prompt_tokens,
-                                           "context_length": context, "max_tokens_limit": max_tokens_limit}}
-
-    @api.get("/models")
-    async def list_models():
-        data = []
-        for name, adapter in routes.items():
-            kind = "role" if name in manifest.roles else ("adapter" if adapter is not None else "base")
-            data.append({"id": name, "object": "model", "created": created, "owned_by": "wfc", "kind": kind,
-                         "adapter": adapter})
-        return {"object": "list", "data": data}
-
-    @api.get("/programs")
+    @router.get("/v1/programs")
     async def list_programs():
-        return {"object": "list", "data": [{"id": manifest.name, "object": "program", "inputs": list(inputs.fields),
-                                            "roles": manifest.roles}]}
+        return {"object": "list", "data": [{"id": manifest.name, "object": "program",
+                                            "inputs": list(state.inputs.fields), "roles": manifest.roles}]}
 
-    @api.post("/programs/{name}")
+    @router.post("/v1/programs/{name}")
     async def run_program(body: ProgramRequest, raw: Request, name: str = Depends(known_program)):
-        inputs.check(body.inputs)
+        state.inputs.check(body.inputs)
 
         async def work(job: RequestWork):  # trace never raises: failures are its status, the causes are on job
-            return await in_pool(trace, compiled.program, dict(body.inputs), job, adapters=compiled.roles,
-                                 sampling=defaults)
+            return await state.in_pool(trace, compiled.program, dict(body.inputs), job, adapters=compiled.roles,
+                                       sampling=state.defaults)
 
-        job, graph = await guarded(raw, work)
+        job, graph = await state.guarded(raw, work)
         if job.refused is not None:
             raise job.refused
         view = {"graph": graph_view(graph)} if body.return_graph else {}
         if graph.status == "crash" and job.engine_error is not None:
-            stats.outcomes["engine_error"] += 1
-            raise APIError(503, f"the engine failed: {type(job.engine_error).__name__}: {job.engine_error}; the "
-                                "server is still up, retry", kind="server_error", code="engine_error", extra=view)
+            raise state.engine_failed(job.engine_error, extra=view)
         if graph.status != "ok":
             raise APIError(500, f"the run ended with {graph.status}: {graph.error}", kind=graph.status,
                            code="run_failed", extra=view)
         return {"id": f"run-{uuid.uuid4().hex}", "object": "program.run", "program": name, "status": graph.status,
                 "outputs": _jsonable(graph.outputs), **view}
 
-    @api.post("/chat/completions")
+    return router
+
+
+# ----- routes: chat completions ---------------------------------------------------------------------------------------
+def chat_router(state: ServeState) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request):
-        if body.model not in routes:
-            raise APIError(404, f"unknown model {body.model!r}; this server has {list(routes)} (roles, adapters, "
-                                "the base model)", kind="not_found_error", param="model", code="model_not_found")
-        if len(body.stops()) > MAX_STOPS:
-            raise APIError(400, f"at most {MAX_STOPS} stop strings, got {len(body.stops())}", param="stop")
-        max_tokens = body.max_tokens or body.max_completion_tokens or min(defaults.max_tokens, max_tokens_limit)
-        if max_tokens > max_tokens_limit:
-            raise APIError(400, f"max_tokens={max_tokens} is above this server's limit of {max_tokens_limit}; ask "
-                                f"for at most {max_tokens_limit} (the server sets it with --max-tokens-limit)",
-                           param="max_tokens", code="max_tokens_too_large")
-        sampling = SamplingParams(
-            temperature=defaults.temperature if body.temperature is None else body.temperature,
-            top_p=defaults.top_p if body.top_p is None else body.top_p,
-            max_tokens=max_tokens, stop=body.stops() or defaults.stop)
-        try:
-            grammar = body.grammar()
-        except ValueError as exc:
-            raise APIError(400, str(exc), param="response_format", code="invalid_response_format") from None
-        request = GenerationRequest(messages=tuple(m.as_dict() for m in body.messages), adapter=routes[body.model],
-                                    sampling=sampling, grammar=grammar)
+        request = generation_request(body, state)
 
         async def work(job: RequestWork):
             # count and submit off the event loop (tokenising a long prompt takes a while), then await the futures
-            futures = await in_pool(lambda: [job.submit(request) for _ in range(body.n)])
+            futures = await state.in_pool(lambda: [job.submit(request) for _ in range(body.n)])
             return await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
 
-        _job, gens = await guarded(raw, work)
-        prompt_tokens = len(gens[0].prompt_ids)
-        completion_tokens = sum(len(g.completion_ids) for g in gens)
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                 "total_tokens": prompt_tokens + completion_tokens}
-        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
-        if body.stream:
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
-            events = sse_events(head, gens, engine.tokenizer, usage if include_usage else None)
-            return StreamingResponse(events, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return {
-            **head, "object": "chat.completion",
-            "choices": [{"index": i, "message": {"role": "assistant", "content": g.text}, "logprobs": None,
-                         "finish_reason": g.finish_reason} for i, g in enumerate(gens)],
-            "usage": usage,
-        }
+        _job, gens = await state.guarded(raw, work)
+        return chat_response(body, gens, state.engine.tokenizer)
 
-    app.include_router(api)
-    return app
+    return router
+
+
+def generation_request(body: ChatCompletionRequest, state: ServeState) -> GenerationRequest:
+    """The engine request a chat body asks for: its model routed to an adapter, unset sampling fields from the
+    artifact's defaults, ``response_format`` as a grammar. A body the server refuses is a 404 or a 400."""
+    routes, defaults, max_tokens_limit = state.routes, state.defaults, state.max_tokens_limit
+    if body.model not in routes:
+        raise APIError(404, f"unknown model {body.model!r}; this server has {list(routes)} (roles, adapters, "
+                            "the base model)", kind="not_found_error", param="model", code="model_not_found")
+    if len(body.stops()) > MAX_STOPS:
+        raise APIError(400, f"at most {MAX_STOPS} stop strings, got {len(body.stops())}", param="stop")
+    max_tokens = body.max_tokens or body.max_completion_tokens or min(defaults.max_tokens, max_tokens_limit)
+    if max_tokens > max_tokens_limit:
+        raise APIError(400, f"max_tokens={max_tokens} is above this server's limit of {max_tokens_limit}; ask "
+                            f"for at most {max_tokens_limit} (the server sets it with --max-tokens-limit)",
+                       param="max_tokens", code="max_tokens_too_large")
+    sampling = SamplingParams(
+        temperature=defaults.temperature if body.temperature is None else body.temperature,
+        top_p=defaults.top_p if body.top_p is None else body.top_p,
+        max_tokens=max_tokens, stop=body.stops() or defaults.stop)
+    try:
+        grammar = body.grammar()
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="response_format", code="invalid_response_format") from None
+    return GenerationRequest(messages=tuple(m.as_dict() for m in body.messages), adapter=routes[body.model],
+                             sampling=sampling, grammar=grammar)
+
+
+def chat_response(body: ChatCompletionRequest, gens, tokenizer):
+    """The answer to a chat body from its generations ``gens``: a ``chat.completion``, or its event stream."""
+    prompt_tokens = len(gens[0].prompt_ids)
+    completion_tokens = sum(len(g.completion_ids) for g in gens)
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+             "total_tokens": prompt_tokens + completion_tokens}
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        events = sse_events(head, gens, tokenizer, usage if include_usage else None)
+        return StreamingResponse(events, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return {
+        **head, "object": "chat.completion",
+        "choices": [{"index": i, "message": {"role": "assistant", "content": g.text}, "logprobs": None,
+                     "finish_reason": g.finish_reason} for i, g in enumerate(gens)],
+        "usage": usage,
+    }
 
 
 # ----- running it -----------------------------------------------------------------------------------------------------
