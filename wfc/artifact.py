@@ -309,46 +309,15 @@ def read_manifest(path: str | os.PathLike) -> Manifest:
 def _restore_program(path: Path, manifest: Manifest, *, trust_code: bool,
                      program_import_path: str | None) -> dspy.Module:
     """The program, by the first route that applies: the caller's ``program_import_path``; the recorded structure
-    (or class); the recorded import path when it names a module; the pickle, only with ``trust_code``."""
-    state_file = path / "program" / "state.json"
+    (or class); the recorded import path when it names a module; the pickle, only with ``trust_code``. Then its
+    saved state (``program/state.json``) and retrieval pools, when it has any, loaded into it."""
     if program_import_path is not None:
         program = load_program(program_import_path)
     else:
-        program, reasons, needs_trust = None, [], False
-        if manifest.program_source is not None:
-            structure_file = path / "program" / "structure.json"
-            structure = json.loads(structure_file.read_text()) if structure_file.exists() else None
-            try:
-                program = rebuild(manifest.program_source, structure, path, trust_code=trust_code)
-            except RestoreError as exc:
-                reasons.append(str(exc))
-                needs_trust = exc.needs_trust
-        recorded = manifest.program_import_path
-        local_file = bool(recorded) and _is_path(recorded.rpartition(":")[0])  # a file the artifact names: code
-        needs_trust |= program is None and local_file and not trust_code
-        if program is None and recorded and (trust_code or not local_file):
-            try:
-                program = load_program(recorded)
-            except ValueError as exc:
-                reasons.append(f"program_import_path {recorded!r}: {exc}")
-        pickle_file = path / "program" / "program.pkl"
-        if program is None and trust_code and pickle_file.exists():
-            import cloudpickle
-
-            verify(path, manifest, under=("program/program.pkl",), skip=())
-            with open(pickle_file, "rb") as f:
-                program = cloudpickle.load(f)
-        elif program is None and pickle_file.exists():
-            needs_trust = True
-        if program is None:
-            why = "; ".join(reasons) or "no source reference is recorded"
-            trust = (" or trust_code=True (CLI --trust-code) to run the code the artifact ships, if you trust whoever "
-                     "made it") if needs_trust else ""
-            raise ArtifactError(f"{path}: cannot restore the program ({why}). Pass program_import_path="
-                                f"'your_file.py:factory' (CLI --program; a zero-argument function returning the "
-                                f"program, {manifest.program_class}){trust}")
+        program = _program_from_artifact(path, manifest, trust_code=trust_code)
     if not isinstance(program, dspy.Module):
         raise ArtifactError(f"{path}: the restored program is a {type(program).__name__}, not a dspy.Module")
+    state_file = path / "program" / "state.json"
     try:
         program.load_state(json.loads(state_file.read_text()))
     except (KeyError, ValueError, TypeError) as exc:
@@ -362,6 +331,46 @@ def _restore_program(path: Path, manifest: Manifest, *, trust_code: bool,
             raise ArtifactError(f"{path}: program/{retrieve.FILE} does not fit the restored program "
                                 f"({type(exc).__name__}: {str(exc)[:300]}); its roles are {sorted(manifest.roles)}: "
                                 "re-save the artifact from the compile run") from exc
+    return program
+
+
+def _program_from_artifact(path: Path, manifest: Manifest, *, trust_code: bool):
+    """The program object (state not loaded) by the routes the artifact records: its structure (or class), its
+    import path when that names a module, its pickle with ``trust_code``. None works: an ``ArtifactError`` that says
+    why and what to pass instead."""
+    program, reasons, needs_trust = None, [], False
+    if manifest.program_source is not None:
+        structure_file = path / "program" / "structure.json"
+        structure = json.loads(structure_file.read_text()) if structure_file.exists() else None
+        try:
+            program = rebuild(manifest.program_source, structure, path, trust_code=trust_code)
+        except RestoreError as exc:
+            reasons.append(str(exc))
+            needs_trust = exc.needs_trust
+    recorded = manifest.program_import_path
+    local_file = bool(recorded) and _is_path(recorded.rpartition(":")[0])  # a file the artifact names: code
+    needs_trust |= program is None and local_file and not trust_code
+    if program is None and recorded and (trust_code or not local_file):
+        try:
+            program = load_program(recorded)
+        except ValueError as exc:
+            reasons.append(f"program_import_path {recorded!r}: {exc}")
+    pickle_file = path / "program" / "program.pkl"
+    if program is None and trust_code and pickle_file.exists():
+        import cloudpickle
+
+        verify(path, manifest, under=("program/program.pkl",), skip=())
+        with open(pickle_file, "rb") as f:
+            program = cloudpickle.load(f)
+    elif program is None and pickle_file.exists():
+        needs_trust = True
+    if program is None:
+        why = "; ".join(reasons) or "no source reference is recorded"
+        trust = (" or trust_code=True (CLI --trust-code) to run the code the artifact ships, if you trust whoever "
+                 "made it") if needs_trust else ""
+        raise ArtifactError(f"{path}: cannot restore the program ({why}). Pass program_import_path="
+                            f"'your_file.py:factory' (CLI --program; a zero-argument function returning the "
+                            f"program, {manifest.program_class}){trust}")
     return program
 
 

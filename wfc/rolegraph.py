@@ -79,57 +79,11 @@ class RoleGraph(BaseModel):
         for g in graphs:
             if not isinstance(g, RolloutGraph):
                 raise TypeError(f"expected RolloutGraph objects, got {type(g).__name__}")
-        n = len(graphs)
-        order: dict[str, None] = {}
-        for g in graphs:
-            for role in g.roles:
-                order.setdefault(role, None)
-
-        totals = {"all": 0, "completion": 0}
-        raw = {}
-        for role in order:
-            per_rollout = [g.calls_of(role) for g in graphs]
-            calls = [c for cs in per_rollout for c in cs]
-            counts = [len(cs) for cs in per_rollout]
-            prompt = sum(len(c.prompt_ids) for c in calls)
-            completion = sum(len(c.completion_ids) for c in calls)
-            totals["all"] += prompt + completion
-            totals["completion"] += completion
-            raw[role] = dict(
-                calls_mean=sum(counts) / n, calls_min=min(counts), calls_max=max(counts),
-                fan_out=max(g.fan_out(role) for g in graphs),
-                prompt_tokens_mean=prompt / len(calls), completion_tokens_mean=completion / len(calls),
-                tokens_per_rollout=(prompt + completion) / n,
-                format_error_rate=sum(c.status == "format_error" for c in calls) / len(calls),
-                crash_rate=sum(c.status == "crash" for c in calls) / len(calls),
-                _all=prompt + completion, _completion=completion,
-            )
-        stats = []
-        for role, r in raw.items():
-            all_tokens, completion = r.pop("_all"), r.pop("_completion")
-            stats.append(RoleStats(
-                role=role, **r,
-                token_share=all_tokens / totals["all"] if totals["all"] else 0.0,
-                completion_share=completion / totals["completion"] if totals["completion"] else 0.0,
-            ))
-
-        edge_count: dict[tuple[str, str], int] = {}
-        edge_rollouts: dict[tuple[str, str], int] = {}
-        for g in graphs:
-            seen: set[tuple[str, str]] = set()
-            for a, b in g.graph.edges:
-                key = (g.graph.nodes[a]["call"].role, g.graph.nodes[b]["call"].role)
-                edge_count[key] = edge_count.get(key, 0) + 1
-                seen.add(key)
-            for key in seen:
-                edge_rollouts[key] = edge_rollouts.get(key, 0) + 1
-        edges = [RoleEdge(src=s, dst=d, count=c, rollout_share=edge_rollouts[(s, d)] / n)
-                 for (s, d), c in edge_count.items()]
-
         status_counts: dict[str, int] = {}
         for g in graphs:
             status_counts[g.status] = status_counts.get(g.status, 0) + 1
-        return cls(num_rollouts=n, status_counts=status_counts, roles=stats, edges=edges)
+        return cls(num_rollouts=len(graphs), status_counts=status_counts, roles=_role_stats(graphs),
+                   edges=_role_edges(graphs))
 
     # ----- lookups --------------------------------------------------------------------------------------------
     @property
@@ -231,3 +185,58 @@ def _grid(head: list[str], rows: list[list[str]]) -> str:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
 
     return "\n".join([fmt(head), "  ".join("-" * w for w in widths), *map(fmt, rows)])
+
+
+# ----- folding rollouts -----------------------------------------------------------------------------------------------
+def _role_stats(graphs: list[RolloutGraph]) -> list[RoleStats]:
+    """One ``RoleStats`` per role, in first-seen order (see the module docstring for each field)."""
+    n = len(graphs)
+    order: dict[str, None] = {}
+    for g in graphs:
+        for role in g.roles:
+            order.setdefault(role, None)
+
+    totals = {"all": 0, "completion": 0}
+    raw = {}
+    for role in order:
+        per_rollout = [g.calls_of(role) for g in graphs]
+        calls = [c for cs in per_rollout for c in cs]
+        counts = [len(cs) for cs in per_rollout]
+        prompt = sum(len(c.prompt_ids) for c in calls)
+        completion = sum(len(c.completion_ids) for c in calls)
+        totals["all"] += prompt + completion
+        totals["completion"] += completion
+        raw[role] = dict(
+            calls_mean=sum(counts) / n, calls_min=min(counts), calls_max=max(counts),
+            fan_out=max(g.fan_out(role) for g in graphs),
+            prompt_tokens_mean=prompt / len(calls), completion_tokens_mean=completion / len(calls),
+            tokens_per_rollout=(prompt + completion) / n,
+            format_error_rate=sum(c.status == "format_error" for c in calls) / len(calls),
+            crash_rate=sum(c.status == "crash" for c in calls) / len(calls),
+            _all=prompt + completion, _completion=completion,
+        )
+    stats = []
+    for role, r in raw.items():
+        all_tokens, completion = r.pop("_all"), r.pop("_completion")
+        stats.append(RoleStats(
+            role=role, **r,
+            token_share=all_tokens / totals["all"] if totals["all"] else 0.0,
+            completion_share=completion / totals["completion"] if totals["completion"] else 0.0,
+        ))
+    return stats
+
+
+def _role_edges(graphs: list[RolloutGraph]) -> list[RoleEdge]:
+    """One ``RoleEdge`` per ordered pair of roles linked by a call edge in any rollout, in first-seen order."""
+    edge_count: dict[tuple[str, str], int] = {}
+    edge_rollouts: dict[tuple[str, str], int] = {}
+    for g in graphs:
+        seen: set[tuple[str, str]] = set()
+        for a, b in g.graph.edges:
+            key = (g.graph.nodes[a]["call"].role, g.graph.nodes[b]["call"].role)
+            edge_count[key] = edge_count.get(key, 0) + 1
+            seen.add(key)
+        for key in seen:
+            edge_rollouts[key] = edge_rollouts.get(key, 0) + 1
+    return [RoleEdge(src=s, dst=d, count=c, rollout_share=edge_rollouts[(s, d)] / len(graphs))
+            for (s, d), c in edge_count.items()]
