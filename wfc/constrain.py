@@ -85,6 +85,11 @@ def _cap(node: Any, chars: int) -> None:
             _cap(value, chars)
 
 
+def _copy(schema: Mapping[str, Any]) -> dict:
+    """A deep copy of a JSON schema (a tool's ``args``): ``_cap`` writes into what it bounds, never into the tool."""
+    return json.loads(json.dumps(dict(schema)))
+
+
 def _json_schema(annotation, *, budget: int) -> dict:
     schema = TypeAdapter(annotation).json_schema()
     _cap(schema, 2 * budget)
@@ -169,7 +174,7 @@ def chat_grammar(fields: Mapping[str, Any], *, field_tokens: int | Mapping[str, 
         if react and field == "next_tool_name":
             alts = []
             for k, (tool, args) in enumerate(tools.items()):
-                schema = {"type": "object", "properties": dict(args), "required": list(args),
+                schema = {"type": "object", "properties": _copy(args), "required": list(args),
                           "additionalProperties": False, "x-guidance": {"whitespace_flexible": False}}
                 _cap(schema, 2 * budgets["next_tool_args"])
                 rules.append(f"tool_args_{k}: %json {json.dumps(schema)}")
@@ -203,7 +208,7 @@ def json_grammar(fields: Mapping[str, Any], *, field_tokens: int | Mapping[str, 
     if tools is not None and "next_tool_name" in fields and "next_tool_args" in fields:
         variants = []
         for tool, args in tools.items():
-            call = {"type": "object", "properties": dict(args), "required": list(args), "additionalProperties": False}
+            call = {"type": "object", "properties": _copy(args), "required": list(args), "additionalProperties": False}
             _cap(call, 2 * budgets["next_tool_args"])
             variants.append({**schema, "properties": {**props, "next_tool_name": {"const": tool},
                                                       "next_tool_args": call}})

@@ -6,14 +6,17 @@ Data model (``ProgramSource``, stored in the manifest; files under ``program/``)
 - ``class_ref``: ``module:qualname`` of the program's class as the compiling process saw it (``__main__:TwoRoles``).
 - ``program/structure.json``: the program's object tree as tagged JSON (``encode``): every ``dspy.Module`` as its
   class reference plus its attributes; signatures as their fields (name, type, DSPy field extras) and instructions;
-  plain values as JSON; a ``ProgramWrapper`` (a nested ``CompiledProgram``) as the program it wraps. Rebuilding
+  plain values as JSON; a ``ProgramWrapper`` (a nested ``CompiledProgram``) as the program it wraps; a ``dspy.Tool``
+  (a ``dspy.ReAct`` agent's ``tools``) as its fields, its ``func`` a reference like a class's (``__main__:add``; the
+  ``finish`` tool ReAct makes itself as ``{"$": "react_finish"}``), so the user's tool functions ship and load like
+  the user's classes, and each tool's argument schema (``args``, what decoding constrains calls to) is kept. Rebuilding
   makes each object with ``cls.__new__`` and sets its attributes, so a class whose ``__init__`` needs arguments
   (``Voting(signature, n=3)``) is rebuilt without calling it. Absent when the tree holds something that is not data
-  (a lambda, a lock, an LM client): ``structure_error`` says what.
+  (a lambda, a lock, an LM client, a callable object as a tool): ``structure_error`` says what.
 - ``sources``: one ``SourceFile`` per module the structure refers to that a fresh process could not import by name:
   ``__main__`` (the script that compiled) or a file outside installed packages (a sibling module of the script).
   Such a file is copied to ``program/source/<stem>.py``; for ``__main__`` only the slice the program needs (imports,
-  definitions and assignments its classes use, transitively; never the script's training run or its
+  definitions and assignments its classes and functions use, transitively; never the script's training run or its
   ``if __name__ == "__main__":`` block). Classes of installed packages (``programs.voting:Voting``) are referenced by
   name and not copied.
 
@@ -28,6 +31,7 @@ before anything is read.
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import importlib
 import importlib.metadata
@@ -50,6 +54,8 @@ SOURCE_DIR = "program/source"
 _PRIVATE_PREFIX = "wfc_artifact_"
 _BUILTIN_TYPES = {t.__name__: t for t in (str, int, float, bool, bytes, list, dict, tuple, set, frozenset, object)}
 _GENERICS = {"list": list, "dict": dict, "tuple": tuple, "set": set, "frozenset": frozenset, "type": type}
+_TOOL_FIELDS = ("name", "desc", "args", "arg_desc", "has_kwargs")  # dspy.Tool's data besides func and arg_types
+_REACT_FINISH = ("dspy.predict.react", "ReAct.__init__.<locals>.<lambda>")  # where ReAct defines its finish tool
 
 
 class RestoreError(ValueError):
@@ -136,6 +142,11 @@ class ProgramWrapper(dspy.Module):
     program: dspy.Module
 
 
+def react_finish() -> str:
+    """The ``finish`` tool's function of a rebuilt ``dspy.ReAct`` (ReAct's own is a lambda in its ``__init__``)."""
+    return "Completed."
+
+
 class _Encoder:
     def __init__(self):
         self.ids: dict[int, int] = {}
@@ -176,6 +187,21 @@ class _Encoder:
             fields.append({"name": name, "type": self.type(info.annotation, f"{where}.{name}"), "extra": extra})
         return {"$": "signature", "name": sig.__name__, "instructions": sig.instructions, "fields": fields}
 
+    def tool(self, tool: dspy.Tool, where: str) -> dict[str, Any]:
+        func = tool.func
+        if (getattr(func, "__module__", None), getattr(func, "__qualname__", None)) == _REACT_FINISH or \
+                func is react_finish:
+            encoded: Any = {"$": "react_finish"}
+        elif isinstance(func, (types.FunctionType, dspy.Module)):
+            encoded = self.value(func, f"{where}.func")
+        else:
+            raise Unsupported(f"{where}.func is a {type(func).__module__}.{type(func).__qualname__}, not a function "
+                              "defined at module level (wrap it in one: def search(query: str) -> list[str]: ...)")
+        arg_types = None if tool.arg_types is None else {
+            k: self.type(t, f"{where}.arg_types[{k!r}]") for k, t in tool.arg_types.items()}
+        return {"$": "tool", "func": encoded, "arg_types": arg_types,
+                **{k: self.value(getattr(tool, k), f"{where}.{k}") for k in _TOOL_FIELDS}}
+
     def value(self, x: Any, where: str) -> Any:
         if x is None or isinstance(x, (bool, int, float, str)):
             return x
@@ -203,6 +229,8 @@ class _Encoder:
                     continue  # a role's retrieved-demo pool: program/retrieval.json holds it (wfc.retrieve)
                 attrs[k] = None if k == "lm" else self.value(v, f"{where}.{k}")  # wfc binds LM handles per run
             return {"$": "module", "id": n, "class": self.ref(type(x)), "attrs": attrs}
+        if isinstance(x, dspy.Tool):
+            return self.tool(x, where)
         if isinstance(x, dspy.Example):
             inputs = x._input_keys
             return {"$": "example", "store": self.value(dict(x._store), where),
@@ -269,6 +297,14 @@ class _Decoder:
             return ex.with_inputs(*x["inputs"]) if x["inputs"] is not None else ex
         if tag == "ref":
             return self.resolve(x["ref"])
+        if tag == "react_finish":
+            return react_finish
+        if tag == "tool":  # fields as saved: no re-inference from the function, so the argument schema is the same
+            arg_types = x["arg_types"]
+            return dspy.Tool.model_construct(
+                func=self.value(x["func"]),
+                arg_types={k: self.type(t) for k, t in arg_types.items()} if arg_types is not None else None,
+                **{k: self.value(x[k]) for k in _TOOL_FIELDS})
         if tag == "type":
             return self.type(x["type"])
         raise RestoreError(f"unknown structure tag {tag!r}: the artifact was written by a newer wfc")
@@ -327,7 +363,7 @@ def capture(program: dspy.Module) -> Captured:
         error = None
     except Unsupported as exc:
         structure, error = None, str(exc)
-        enc.modules = {type(program).__module__}
+        enc.modules.add(type(program).__module__)  # and those met before the failure: the pickle needs them too
     files: dict[str, str] = {}
     sources: list[SourceFile] = []
     local: list[types.ModuleType] = []
@@ -407,7 +443,9 @@ def same_module(name: str, src: SourceFile) -> types.ModuleType | None:
 
 class Resolver:
     """``module:qualname`` -> object: installed modules by name; modules of ``sources`` from their artifact copy
-    (imported under a private name), only with ``trust_code``."""
+    (imported under a private name), only with ``trust_code``. While a copy runs, the other shipped modules it
+    imports by their original names (the script's ``from calc_lib import multiply``) are those names in
+    ``sys.modules``, and only then: the loading process's own modules of those names come back afterwards."""
 
     def __init__(self, source: ProgramSource, root: Path, *, trust_code: bool):
         self.files = {s.module: s for s in source.sources}
@@ -444,13 +482,38 @@ class Resolver:
         spec = importlib.util.spec_from_file_location(name, file)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
+        self.loaded[src.module] = module  # shipped modules importing each other see it partly run, as in Python
         try:
-            spec.loader.exec_module(module)
+            with self._shipped_imports(file.read_text(), but=src.module):
+                spec.loader.exec_module(module)
         except Exception as exc:
-            del sys.modules[name]
+            del sys.modules[name], self.loaded[src.module]
+            if isinstance(exc, RestoreError):
+                raise
             raise RestoreError(f"importing {src.path} (copied from {src.origin}) failed: {type(exc).__name__}: "
                                f"{exc}") from exc
         return module
+
+    @contextlib.contextmanager
+    def _shipped_imports(self, text: str, *, but: str):
+        """The shipped modules that ``text`` imports, under their own names in ``sys.modules`` for the block."""
+        imported = set()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module)
+        names = sorted(n for n in imported & set(self.files) if n not in ("__main__", but))
+        before = {n: sys.modules.get(n) for n in names}
+        sys.modules.update({n: self.module(n) for n in names})
+        try:
+            yield
+        finally:
+            for n, old in before.items():
+                if old is None:
+                    sys.modules.pop(n, None)
+                else:
+                    sys.modules[n] = old
 
     def __call__(self, spec: str) -> Any:
         name, _, qualname = spec.partition(":")
