@@ -7,6 +7,8 @@ same ones.
   measured on SVAMP (``examples/svamp_transfer.py``).
 - ``compilers.presets.codegen``: the code workflows (writer, reviewer, fixer; the writer alone; the writer retrying)
   on generated function-writing tasks (``examples/code_workflow.py``).
+- ``compilers.presets.suite``: the suite's tasks (issue 46), each a program written as a DSPy user would, its
+  disjoint splits and its metric (``benchmarks/suite.py``).
 
 The recipes themselves (config fields only) are ``compilers.recipes``.
 """
