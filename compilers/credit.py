@@ -1,6 +1,6 @@
 """Per-role credit: which reward each LM call of a scored rollout trains on.
 
-Variants (a small registry, selected by ``MMGRPOConfig.credit``):
+Variants (a small registry of :class:`Credit` rules, :data:`CREDIT`, selected by ``MMGRPOConfig.credit``):
 - ``inherit``: every call inherits its rollout's reward (mmGRPO's default; nothing to do here).
 - ``own_output``: a call whose parsed outputs hold every field of the program's final outputs (an *answerer*: a
   voter, a generator, an optimizer, an aggregator) is scored by the metric on its own outputs; other calls inherit.
@@ -37,6 +37,7 @@ is called through :func:`compilers.score.call_metric` only, so a NaN or raising 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from compilers.score import call_metric
@@ -98,11 +99,29 @@ def verified_strict(metric: Callable, graph: RolloutGraph, *, metric_failure_sco
     verified(metric, graph, metric_failure_score=metric_failure_score, unreadable_rejects=True)
 
 
-CREDIT: dict[str, Callable[..., None]] = {"inherit": inherit, "own_output": own_output, "verified": verified,
-                                          "verified-strict": verified_strict}
+@dataclass(frozen=True)
+class Credit:
+    """A credit rule, called as ``rule(metric, graph, *, metric_failure_score)`` on a scored rollout. ``per_call``: it
+    may score a call on something other than its rollout's reward (a call's reward then reads only what the rule
+    looks at, which is what lets ``skip_frozen`` stop rollouts early)."""
+
+    name: str
+    assign: Callable[..., None]
+    per_call: bool
+
+    def __call__(self, metric: Callable, graph: RolloutGraph, *, metric_failure_score: float | None) -> None:
+        self.assign(metric, graph, metric_failure_score=metric_failure_score)
 
 
-def get_credit(name: str) -> Callable[..., None]:
+CREDIT: dict[str, Credit] = {c.name: c for c in (
+    Credit("inherit", inherit, per_call=False),
+    Credit("own_output", own_output, per_call=True),
+    Credit("verified", verified, per_call=True),
+    Credit("verified-strict", verified_strict, per_call=True),
+)}
+
+
+def get_credit(name: str) -> Credit:
     if name not in CREDIT:
         raise ValueError(f"credit {name!r} is unknown: use one of {sorted(CREDIT)}")
     return CREDIT[name]

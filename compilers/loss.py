@@ -19,7 +19,8 @@ Per token (``r = exp(logprobs - old_logprobs)``, ``A`` the row's advantage)::
              + beta * kl_k3(logprobs_t, ref_t)
              - entropy_coef * entropy_t
 
-then multiplied by the row's ``weights`` and reduced by an aggregation from :data:`AGGREGATIONS`.
+then multiplied by the row's ``weights`` and reduced by an aggregation from :data:`AGGREGATIONS` (an
+:class:`Aggregation` also says what a step's loss divides by, which the update splits by micro-batch and role).
 
 Invariants (tested):
 
@@ -34,7 +35,7 @@ Invariants (tested):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Literal
 
 import torch
 from torch import Tensor
@@ -117,10 +118,6 @@ def _check_clip(clip_eps: float, clip_eps_high: float | None) -> None:
 # Aggregations: (B, T) token losses, already zero at masked positions -> scalar
 
 
-class Aggregation(Protocol):
-    def __call__(self, token_losses: Tensor, mask: Tensor, *, max_tokens: int | None) -> Tensor: ...
-
-
 def aggregate_token(token_losses: Tensor, mask: Tensor, *, max_tokens: int | None = None) -> Tensor:
     """Sum over every completion token in the batch / number of those tokens. Long sequences weigh more."""
     return token_losses.sum() / mask.sum()
@@ -155,11 +152,44 @@ def aggregate_constant(token_losses: Tensor, mask: Tensor, *, max_tokens: int | 
     return token_losses.sum() / (batch * max_tokens)
 
 
-AGGREGATIONS: dict[str, Aggregation] = {
-    "token": aggregate_token,
-    "sequence": aggregate_sequence,
-    "constant": aggregate_constant,
-}
+Unit = Literal["tokens", "rows"]
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """A loss aggregation: how a batch's (B, T) token losses become one scalar (``reduce``, called as the object),
+    and what the whole step's loss is made of, which the update needs to split a step into micro-batches and roles.
+
+    - ``unit``: what one row weighs in the numerator: its completion tokens or 1. A role's gradient mass counts in it
+      (``compilers.guards.role_mass``: role balancing).
+    - ``per``: what the step's loss divides by: its completion tokens, or its rows (``constant``: rows x
+      ``max_tokens``). A micro-batch's aggregated loss is :meth:`share` of the step's, so the parts sum to it.
+
+    With per-row ``weights`` (``policy_loss``), ``n_i`` row i's completion tokens:
+
+    - ``token``:    ``sum_i w_i * sum_t l_it / sum_i n_i``   (the token count is not weighted)
+    - ``sequence``: ``(1 / B) * sum_i w_i * (sum_t l_it / n_i)``
+    - ``constant``: ``sum_i w_i * sum_t l_it / (B * max_tokens)``
+    """
+
+    name: str
+    unit: Unit
+    per: Unit
+    reduce: Callable[..., Tensor]
+
+    def __call__(self, token_losses: Tensor, mask: Tensor, *, max_tokens: int | None = None) -> Tensor:
+        return self.reduce(token_losses, mask, max_tokens=max_tokens)
+
+    def share(self, *, tokens: int, rows: int, total_tokens: int, total_rows: int) -> float:
+        """A micro-batch's part of the step's loss: its tokens (or rows) over the step's."""
+        return tokens / total_tokens if self.per == "tokens" else rows / total_rows
+
+
+AGGREGATIONS: dict[str, Aggregation] = {a.name: a for a in (
+    Aggregation("token", unit="tokens", per="tokens", reduce=aggregate_token),
+    Aggregation("sequence", unit="rows", per="rows", reduce=aggregate_sequence),
+    Aggregation("constant", unit="tokens", per="rows", reduce=aggregate_constant),
+)}
 
 
 def get_aggregation(name: str) -> Aggregation:
@@ -175,107 +205,97 @@ def get_aggregation(name: str) -> Aggregation:
 # The loss
 
 
-def policy_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    aggregation: str | Aggregation = "token",
-    clip_eps: float = 0.2,
-    clip_eps_high: float | None = None,
-    ref_logprobs: Tensor | None = None,
-    beta: float = 0.0,
-    importance_weights: Tensor | None = None,
-    weights: Tensor | None = None,
-    max_tokens: int | None = None,
-    entropy: Tensor | None = None,
-    entropy_coef: float = 0.0,
-) -> tuple[Tensor, dict[str, float]]:
+def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
+                aggregation: str | Callable[..., Tensor] = "token", clip_eps: float = 0.2,
+                clip_eps_high: float | None = None, ref_logprobs: Tensor | None = None, beta: float = 0.0,
+                importance_weights: Tensor | None = None, weights: Tensor | None = None, max_tokens: int | None = None,
+                entropy: Tensor | None = None, entropy_coef: float = 0.0) -> tuple[Tensor, dict[str, float]]:
     """Clipped policy-gradient loss over a batch; returns ``(loss scalar, stats)``.
 
-    Per-row ``weights`` (B,) multiply each sequence's token losses (policy and KL terms alike) *before* aggregation,
-    and are never renormalized, so the loss is linear in them and all-ones weights change nothing:
-
-    - ``token``:    ``sum_i w_i * sum_t l_it / sum_i n_i``   (the token count is not weighted)
-    - ``sequence``: ``(1 / B) * sum_i w_i * (sum_t l_it / n_i)``
-    - ``constant``: ``sum_i w_i * sum_t l_it / (B * max_tokens)``
-
-    where ``n_i`` is row i's completion-token count. Divide weights by their mean first if you want that.
-
-    ``importance_weights`` (B, T) multiply only the clipped policy term, not the KL term. ``ref_logprobs`` enables the
-    k3 KL penalty with coefficient ``beta`` (``beta > 0`` without ``ref_logprobs`` is an error); with ``beta == 0`` it
-    is still measured for the stats. ``max_tokens`` is used only by the ``constant`` aggregation.
-
-    ``entropy`` with ``entropy_coef > 0`` adds the entropy bonus ``-entropy_coef * entropy_t`` per token (weighted
-    and aggregated like the other terms, not by the importance weights): its gradient raises the entropy of the
-    policy at the positions trained on. ``entropy_coef > 0`` without ``entropy`` is an error.
+    ``aggregation``: a name in :data:`AGGREGATIONS`, or any callable ``(token_losses, mask, *, max_tokens)``.
+    Per-row ``weights`` (B,) multiply each sequence's token losses (policy, KL and entropy terms alike) *before*
+    aggregation, and are never renormalized, so the loss is linear in them and all-ones weights change nothing
+    (:class:`Aggregation` gives the formulas). ``importance_weights`` (B, T) multiply only the clipped policy term.
+    ``ref_logprobs`` enables the k3 KL penalty with coefficient ``beta`` (``beta > 0`` without them is an error; with
+    ``beta == 0`` the KL is still measured for the stats). ``max_tokens`` is used only by the ``constant``
+    aggregation. ``entropy`` with ``entropy_coef > 0`` adds the bonus ``-entropy_coef * entropy_t`` per token: its
+    gradient raises the policy's entropy at the positions trained on (``entropy_coef > 0`` needs ``entropy``).
 
     Stats (plain floats, over completion tokens, unweighted): ``token_count``, ``clip_fraction`` (clip active, so no
     gradient), ``clip_low_fraction``, ``clip_high_fraction``, ``ratio_mean``, ``kl_mean`` (0.0 without a reference),
     ``entropy_mean`` (0.0 without ``entropy``).
     """
     aggregate = get_aggregation(aggregation) if isinstance(aggregation, str) else aggregation
-    _check_clip(clip_eps, clip_eps_high)
-    if beta < 0:
-        raise ValueError(f"beta must be >= 0, got {beta}")
-    if beta > 0 and ref_logprobs is None:
-        raise ValueError(f"beta={beta} needs ref_logprobs (B, T); pass them or set beta=0.0")
-    if not entropy_coef >= 0:
-        raise ValueError(f"entropy_coef must be >= 0 (a bonus for entropy), got {entropy_coef}")
-    if entropy_coef > 0 and entropy is None:
-        raise ValueError(f"entropy_coef={entropy_coef} needs entropy (B, T); pass it or set entropy_coef=0.0")
-
+    _check_options(clip_eps, clip_eps_high, beta=beta, has_ref=ref_logprobs is not None, entropy_coef=entropy_coef,
+                   has_entropy=entropy is not None)
     shape = _check_bt("logprobs", logprobs, None)
     _check_bt("old_logprobs", old_logprobs, shape)
     m = _as_mask(mask, shape)  # (B, T) bool
     token_count = int(m.sum())
     if token_count == 0:
         raise ValueError("mask selects no completion tokens; there is nothing to train on (check the mask)")
-    dtype = torch.promote_types(logprobs.dtype, torch.float32)
-    zero = torch.zeros((), dtype=dtype, device=logprobs.device)
-    adv = _check_rows("advantages", advantages, shape[0]).detach().to(dtype)  # (B,)
+    at = _Completion(m, torch.promote_types(logprobs.dtype, torch.float32), logprobs.device)
+    adv = _check_rows("advantages", advantages, shape[0]).detach().to(at.dtype)  # (B,)
 
-    # Zero the padding before any exp so that -inf/NaN there cannot leak into values or gradients.
-    new = torch.where(m, logprobs.to(dtype), zero)  # (B, T)
-    old = torch.where(m, old_logprobs.detach().to(dtype), zero)  # (B, T)
-    sur = clipped_surrogate(new, old, adv, clip_eps=clip_eps, clip_eps_high=clip_eps_high)
+    new = at.take("logprobs", logprobs, grad=True)  # (B, T)
+    sur = clipped_surrogate(new, at.take("old_logprobs", old_logprobs), adv, clip_eps=clip_eps,
+                            clip_eps_high=clip_eps_high)
     token_losses = sur.loss  # (B, T)
-
     if importance_weights is not None:
-        _check_bt("importance_weights", importance_weights, shape)
-        iw = torch.where(m, importance_weights.detach().to(dtype), zero)
-        if not bool(torch.isfinite(iw).all()) or bool((iw < 0).any()):
-            raise ValueError("importance_weights must be finite and >= 0 on completion tokens (truncate them first)")
-        token_losses = token_losses * iw
-
-    kl_mean = 0.0
+        token_losses = token_losses * _importance(at, importance_weights)
+    kl_mean = entropy_mean = 0.0
     if ref_logprobs is not None:
-        _check_bt("ref_logprobs", ref_logprobs, shape)
-        ref = torch.where(m, ref_logprobs.detach().to(dtype), zero)
-        kl = kl_k3(new, ref)  # (B, T), 0 at padding since new == ref == 0 there
+        kl = kl_k3(new, at.take("ref_logprobs", ref_logprobs))  # (B, T), 0 at padding since new == ref == 0 there
         token_losses = token_losses + beta * kl
         kl_mean = float(masked_mean(kl.detach(), m))
-
-    entropy_mean = 0.0
     if entropy is not None:
-        _check_bt("entropy", entropy, shape)
-        ent = torch.where(m, entropy.to(dtype), zero)
+        ent = at.take("entropy", entropy, grad=True)
         if entropy_coef > 0:
             token_losses = token_losses - entropy_coef * ent
         entropy_mean = float(masked_mean(ent.detach(), m))
-
     if weights is not None:
-        w = _check_rows("weights", weights, shape[0]).detach().to(dtype)
-        if bool((w < 0).any()):
-            raise ValueError("weights must be >= 0; a negative weight would reverse that sequence's update")
-        token_losses = token_losses * w.unsqueeze(-1)
+        token_losses = token_losses * _row_weights(weights, shape[0], at.dtype).unsqueeze(-1)
 
-    token_losses = torch.where(m, token_losses, zero)
-    loss = aggregate(token_losses, m.to(dtype), max_tokens=max_tokens)
+    loss = aggregate(torch.where(m, token_losses, at.zero), m.to(at.dtype), max_tokens=max_tokens)
+    return loss, _stats(sur, m, token_count, kl_mean=kl_mean, entropy_mean=entropy_mean)
 
+
+@dataclass(frozen=True)
+class _Completion:
+    """The batch's completion positions (``mask``, (B, T) bool) and the loss's dtype (at least float32)."""
+
+    mask: Tensor
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def zero(self) -> Tensor:
+        return torch.zeros((), dtype=self.dtype, device=self.device)
+
+    def take(self, name: str, x: Tensor, *, grad: bool = False) -> Tensor:
+        """``x`` (B, T) checked, in the loss's dtype, zero at padding before any arithmetic, so that -inf/NaN there
+        cannot leak into values or gradients; detached unless ``grad``."""
+        _check_bt(name, x, self.mask.shape)
+        return torch.where(self.mask, (x if grad else x.detach()).to(self.dtype), self.zero)
+
+
+def _importance(at: _Completion, importance_weights: Tensor) -> Tensor:
+    iw = at.take("importance_weights", importance_weights)
+    if not bool(torch.isfinite(iw).all()) or bool((iw < 0).any()):
+        raise ValueError("importance_weights must be finite and >= 0 on completion tokens (truncate them first)")
+    return iw
+
+
+def _row_weights(weights: Tensor, batch: int, dtype: torch.dtype) -> Tensor:
+    w = _check_rows("weights", weights, batch).detach().to(dtype)
+    if bool((w < 0).any()):
+        raise ValueError("weights must be >= 0; a negative weight would reverse that sequence's update")
+    return w
+
+
+def _stats(sur: Surrogate, m: Tensor, token_count: int, *, kl_mean: float, entropy_mean: float) -> dict[str, float]:
     with torch.no_grad():
-        stats = {
+        return {
             "token_count": float(token_count),
             "clip_fraction": float((sur.clipped_low | sur.clipped_high)[m].float().mean()),
             "clip_low_fraction": float(sur.clipped_low[m].float().mean()),
@@ -284,11 +304,23 @@ def policy_loss(
             "kl_mean": kl_mean,
             "entropy_mean": entropy_mean,
         }
-    return loss, stats
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # Input checks
+
+
+def _check_options(clip_eps: float, clip_eps_high: float | None, *, beta: float, has_ref: bool,
+                   entropy_coef: float, has_entropy: bool) -> None:
+    _check_clip(clip_eps, clip_eps_high)
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    if beta > 0 and not has_ref:
+        raise ValueError(f"beta={beta} needs ref_logprobs (B, T); pass them or set beta=0.0")
+    if not entropy_coef >= 0:
+        raise ValueError(f"entropy_coef must be >= 0 (a bonus for entropy), got {entropy_coef}")
+    if entropy_coef > 0 and not has_entropy:
+        raise ValueError(f"entropy_coef={entropy_coef} needs entropy (B, T); pass it or set entropy_coef=0.0")
 
 
 def _check_bt(name: str, x: Tensor, shape: torch.Size | None) -> torch.Size:

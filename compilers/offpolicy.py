@@ -10,12 +10,16 @@ importance sampling (TIS) re-weights each token's policy term by
 so the gradient estimates the on-policy one where the two agree (``w = 1``) and is bounded where the engine drew an
 unlikely token (the cap keeps one token from dominating the step's variance). Both log-probs are under the sampling
 temperature. With the HF engine and fp32 the gap is float rounding (``w`` within ~1e-5 of 1); with vLLM in bf16 it
-is real. ``importance_correction="none"`` switches the weights off; the mismatch is logged either way.
+is real. The corrections are a registry (:data:`CORRECTIONS`, the config's ``importance_correction``): ``tis`` weights
+the policy term as above, ``none`` leaves it as it is; the mismatch is logged either way.
 
 Invariants: ``w_t >= 0`` and ``w_t <= cap`` on completion tokens; padding gets weight 0; weights carry no gradient.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -33,6 +37,26 @@ def truncated_importance_weights(trainer_logprobs: Tensor, engine_logprobs: Tens
     delta = torch.where(m, trainer_logprobs.detach() - engine_logprobs.detach(), torch.zeros_like(trainer_logprobs))
     w = torch.exp(delta).clamp(max=cap)
     return torch.where(m, w, torch.zeros_like(w))
+
+
+@dataclass(frozen=True)
+class ImportanceCorrection:
+    """How the update re-weights the policy term for the engine/trainer gap: :meth:`weights` gives the per-token
+    weights (B, T) of a micro-batch, or None for none."""
+
+    name: str
+    rule: Callable[..., Tensor] | None  # (trainer, engine, mask, *, cap) -> (B, T) weights; None: no correction
+
+    def weights(self, trainer_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor, *, cap: float) -> Tensor | None:
+        if self.rule is None:
+            return None
+        return self.rule(trainer_logprobs, engine_logprobs, mask, cap=cap)
+
+
+CORRECTIONS: dict[str, ImportanceCorrection] = {c.name: c for c in (
+    ImportanceCorrection("tis", truncated_importance_weights),
+    ImportanceCorrection("none", None),
+)}
 
 
 def mismatch_stats(trainer_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor, *, cap: float) -> dict[str, float]:

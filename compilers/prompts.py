@@ -2,7 +2,8 @@
 
 ``strategy="p -> w"`` first gives every role demonstrations, then trains the adapters with the demos in the prompts
 (the artifact saves them: they are part of the program's DSPy state, ``predictor.demos``); ``"p"`` stops after the
-demos (prompt optimization alone, the baseline weights must beat).
+demos (prompt optimization alone, the baseline weights must beat); ``"w"`` trains the weights only. The strategies
+are a registry (:data:`STRATEGIES`): each says whether it bootstraps demos and whether it trains weights.
 
 Two DSPy rules, in this order, keyed by role path (two roles built from one Signature are two roles):
 
@@ -34,6 +35,7 @@ and engine give the same demos.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import dspy
@@ -43,6 +45,23 @@ from compilers.score import call_metric, score_rollout
 from wfc.engines.base import SamplingParams
 from wfc.lower import roles, run_rollouts
 from wfc.retrieve import DemoRetriever
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """BetterTogether's order: ``demos``, bootstrap demonstrations per role first; ``weights``, then train the
+    adapters (GRPO steps)."""
+
+    name: str
+    demos: bool
+    weights: bool
+
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
+    Strategy("w", demos=False, weights=True),
+    Strategy("p", demos=True, weights=False),
+    Strategy("p -> w", demos=True, weights=True),
+)}
 
 
 def bootstrap_demos(program: dspy.Module, trainset: Sequence[dspy.Example], engine, *, metric: Callable,
