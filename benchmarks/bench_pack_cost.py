@@ -86,7 +86,7 @@ def aggregator_rows(engine, examples: int) -> list:
 
 def aggregator_step(engine, examples: int, repeats: int) -> dict[str, float]:
     import compilers.update as update_mod
-    from compilers.config import MMGRPOConfig
+    from compilers.config import MMGRPOConfig, UpdateConfig
     from compilers.packing import plan_microbatches
     from compilers.recipes import get_recipe
     from compilers.update import AdapterOptimizers, update_adapter
@@ -108,7 +108,8 @@ def aggregator_step(engine, examples: int, repeats: int) -> dict[str, float]:
                 update_mod._packs, update_mod.MIN_FILL = methods[name]
                 with policy.training() as model:
                     t = time.perf_counter()
-                    update_adapter(model, optimizers.optimizers["shared"], rows, config=config)
+                    update_adapter(model, optimizers.optimizers["shared"], rows, config=config.section(UpdateConfig),
+                                   temperature=config.temperature)
                     times[name].append(time.perf_counter() - t)
     finally:
         update_mod._packs, update_mod.MIN_FILL = original, fill

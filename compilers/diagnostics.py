@@ -78,11 +78,12 @@ STARVED_ABOVE = 0.5  # "most": more than half of the drawn examples flat
 
 
 def remedies_in_force(cfg: MMGRPOConfig) -> list[str]:
-    """The remedies for a weak signal that ``cfg`` switches on, by config field name (in field order)."""
+    """The remedies for a weak signal that ``cfg`` switches on, by config field name (sampling's first); a strategy
+    that bootstraps demos before training weights counts as ``strategy=<its name>``."""
     on = {"dynamic_sampling": cfg.dynamic_sampling, "pass_band": cfg.pass_band is not None,
           "curriculum_steps": cfg.curriculum_steps > 0, "pass_rate_probe": cfg.pass_rate_probe > 0,
           "adaptive_rollouts": cfg.adaptive_rollouts, "warm_start_runs": cfg.warm_start_runs > 0,
-          "strategy=p -> w": cfg.strategy == "p -> w",
+          f"strategy={cfg.strategy}": cfg.optimizes.demos and cfg.optimizes.weights,
           "retrieved_demos": cfg.retrieved_demos > 0}
     return [name for name, flag in on.items() if flag]
 

@@ -19,7 +19,8 @@ the *relative* weight: between roles sharing an adapter, and between rollouts of
 
 **Role-balanced loss** (:func:`role_mass`, :func:`balance_weights`). For an adapter trained by several roles, the
 gradient mass of role ``r`` in a step is ``M_r = sum over its rows that carry gradient of (row weight x completion
-tokens)`` (rows for the ``sequence`` aggregation, which weighs rows, not tokens); its share is ``p_r = M_r / M``.
+tokens)``, or of row weights where the loss aggregation's unit is rows (``compilers.loss.Aggregation.unit``:
+``sequence`` weighs rows, not tokens); its share is ``p_r = M_r / M``.
 Rule (water-filling under a cap ``c``): roles are given target shares ``s_r`` equal to ``p_r`` rescaled so that no
 ``s_r`` exceeds ``c``: repeatedly fix every role whose share would exceed ``c`` at exactly ``c`` and split what is
 left among the other roles in proportion to their mass. Each row of role ``r`` is then multiplied by

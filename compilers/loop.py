@@ -9,6 +9,12 @@ checkpoint owns); the rest of it is rebuilt by every compile, resumed or not. On
 :meth:`~CompileRun.hand_off` and :meth:`~CompileRun.after_step` (log, validation, keep-best, cliff guard,
 checkpoint); a :class:`Step` carries one step's data from stage to stage.
 
+Each stage reads its own section of the config (``CompileRun.sections``, :class:`compilers.config.Sections`): the
+rollouts ``sampling`` (and ``credit`` for scoring them), the update ``update`` and ``guards`` (plus the sampling
+temperature its log-probs are computed under), validation ``evaluation``; the whole config is read only to fingerprint
+the run and to record it in the manifest. Variants come from the sections as objects (the credit rule, the advantage
+estimator, the strategy), never as names to test.
+
 Signal where the base model is weak (each a config field, off by default; ``compilers.sampling``): the pass-rate
 probe (``pass_rate_probe``: a ``probe`` record before the step-0 validation) primes the sampler's running pass rates
 and may order the curriculum; ``adaptive_rollouts`` sizes each drawn example's group from its rate (the step record's
@@ -45,7 +51,6 @@ from compilers.auto import plan as auto_plan
 from compilers.backends import BackendPlan, fresh_names, resolve_backend
 from compilers.config import MMGRPOConfig
 from compilers.counterfactual import counterfactual_credit
-from compilers.credit import get_credit
 from compilers.diagnostics import (add_guard_stats, remedies_in_force, role_stats, starvation, starvation_note,
                                    starvation_postfix)
 from compilers.distributed import Distributed, from_env
@@ -118,6 +123,7 @@ class CompileRun:
                  evaluate: Callable, update: Callable):
         """The inputs, checked: a checkpoint to resume is verified before any model work (a bad one fails fast)."""
         self.metric, self.cfg, self.program = metric, cfg, program
+        self.sections = cfg.sections()  # what each stage reads: its own section
         self.evaluate, self.update_adapters = evaluate, update
         self.run_dir = resume_dir(resume, run_dir)
         self.resumed = ckpt.load(self.run_dir) if resume else None
@@ -131,39 +137,41 @@ class CompileRun:
                                 "dspy.Example(question=..., answer=...).with_inputs('question')")
         self.valset = list(valset) if valset else []
         self.student = copy_program(program)
-        self.state = RunState(steps=cfg.steps)
-        self.eval_tokens = cfg.eval_max_tokens or cfg.max_tokens
-        self.sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens)
+        sampling = self.sections.sampling
+        self.state = RunState(steps=self.sections.run.steps)
+        self.eval_tokens = self.sections.evaluation.eval_max_tokens or sampling.max_tokens
+        self.sampling_params = SamplingParams(temperature=sampling.temperature, max_tokens=sampling.max_tokens)
         self.remedies = remedies_in_force(cfg)
 
     # ----- setup ----------------------------------------------------------------------------------------------------
     def place(self, engine, policy: Policy | None, model: str, distributed: Distributed | None,
               progress: bool) -> None:
         """The ranks, the frozen and trained roles, the policy and the engine."""
-        cfg = self.cfg
+        sec = self.sections
         if distributed is None:  # before the policy is built: a CUDA rank must be on its own GPU first
-            distributed = from_env(device=policy.device if policy is not None else cfg.device)
+            distributed = from_env(device=policy.device if policy is not None else sec.engine.device)
         self.distributed, self.main = distributed, distributed.is_main
         self.progress = progress and self.main
-        self.frozen = check_frozen(cfg, list(self.role_map))
+        self.frozen = check_frozen(sec.plan, list(self.role_map))
         self.trained = [r for r in self.role_map if r not in self.frozen]
-        self.engine, self.policy = policy_and_engine(engine, policy, model, cfg)
-        check_role_keys("role_learning_rates", cfg.role_learning_rates, self.trained)
-        check_role_keys("role_max_grad_norm", cfg.role_max_grad_norm, self.trained)
-        check_role_keys("counterfactual_roles", {r: 1 for r in cfg.counterfactual_roles if r != "*"}, self.trained)
+        self.engine, self.policy = policy_and_engine(engine, policy, model, sec.engine)
+        check_role_keys("role_learning_rates", sec.guards.role_learning_rates, self.trained)
+        check_role_keys("role_max_grad_norm", sec.guards.role_max_grad_norm, self.trained)
+        check_role_keys("counterfactual_roles", {r: 1 for r in sec.credit.counterfactual_roles if r != "*"},
+                        self.trained)
 
     def plan_backend(self, backend: Any) -> None:
         """Seed torch, then the role -> adapter plan: a resumed ``auto`` run's own traced choice, a fresh trace, or
         the named backend. ``role_adapters`` (trained roles only) is what rollouts route by (a role it does not
         name, a frozen one, runs on the base model: ``wfc.lower.bind``) and what the update trains."""
-        cfg, resumed = self.cfg, self.resumed
+        cfg, resumed, seed = self.cfg, self.resumed, self.sections.run.seed
         # LoRA init and unseeded sampling (counterfactual reruns) draw from torch's generator
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(seed)
         if resumed is not None and isinstance(backend, str) and backend == "auto":
             plan = BackendPlan(resumed.plan["spec"], dict(resumed.plan["role_adapters"]), list(resumed.plan["reasons"]))
         elif isinstance(backend, str) and backend == "auto":
             plan = self.distributed.broadcast(auto_plan(self.student, self.trainset, self.engine, config=cfg,
-                                                        seed=cfg.seed)
+                                                        seed=seed)
                                               if self.main else None)  # traced once: every rank trains the same plan
             plan = without_frozen(plan, self.frozen)
             if self.progress:
@@ -183,8 +191,8 @@ class CompileRun:
                                             valset=self.valset, metric=self.metric, program=self.program)
         if resumed is not None:
             ckpt.check_fingerprint(resumed.data["fingerprint"], self.fingerprint, where=resumed.path)
-            if cfg.steps < resumed.step:
-                raise ValueError(f"steps={cfg.steps} but the checkpoint in {self.run_dir} is after step "
+            if self.sections.run.steps < resumed.step:
+                raise ValueError(f"steps={self.sections.run.steps} but the checkpoint in {self.run_dir} is after step "
                                  f"{resumed.step}: resume with steps >= {resumed.step}")
         if self.distributed.world > 1:
             check_same_compile(self.distributed, self.fingerprint)
@@ -192,20 +200,22 @@ class CompileRun:
     def build_trainer(self) -> None:
         """Learning rates, credit, the prompt sampler, the adapters (LoRA init draws from torch's generator) and
         their optimizers; the new adapters are handed to the engine."""
-        cfg, plan = self.cfg, self.plan
-        self.rates = adapter_learning_rates(self.role_adapters, cfg.learning_rate, cfg.role_learning_rates)
+        sec, plan = self.sections, self.plan
+        sampling = sec.sampling
+        self.rates = adapter_learning_rates(self.role_adapters, sec.update.learning_rate,
+                                            sec.guards.role_learning_rates)
         # balancing applies: an adapter trained by several roles
         self.multi_role = any(list(self.role_adapters.values()).count(a) > 1 for a in plan.adapters)
-        self.credit = get_credit(cfg.credit)
-        if cfg.curriculum_key is not None and not all(cfg.curriculum_key in ex for ex in self.trainset):
-            raise ValueError(f"curriculum_key={cfg.curriculum_key!r}: every training example needs that field "
+        key = sampling.curriculum_key
+        if key is not None and not all(key in ex for ex in self.trainset):
+            raise ValueError(f"curriculum_key={key!r}: every training example needs that field "
                              "(a number, easier is smaller); or leave it None to treat trainset order as easiest first")
         self.sampler = PromptSampler(
-            len(self.trainset), seed=cfg.seed, band=cfg.pass_band, replay_after=cfg.replay_after,
-            difficulty=[float(ex[cfg.curriculum_key]) for ex in self.trainset] if cfg.curriculum_key else None,
-            curriculum_steps=cfg.curriculum_steps, curriculum_start=cfg.curriculum_start)
+            len(self.trainset), seed=sec.run.seed, band=sampling.pass_band, replay_after=sampling.replay_after,
+            difficulty=[float(ex[key]) for ex in self.trainset] if key else None,
+            curriculum_steps=sampling.curriculum_steps, curriculum_start=sampling.curriculum_start)
         for adapter in plan.adapters:
-            self.policy.add_adapter(adapter, cfg.lora.peft_config())
+            self.policy.add_adapter(adapter, sec.plan.lora.peft_config())
             if self.distributed.world > 1:  # seeded alike already; rank 0's initial weights make sure of it
                 self.distributed.broadcast_(adapter_parameters(self.policy.model, adapter))
         self.optimizers = AdapterOptimizers(self.policy, plan.adapters, lr=self.rates)
@@ -213,7 +223,7 @@ class CompileRun:
 
     def open_log(self) -> None:
         """``metrics.jsonl`` (written by the main rank only) and, for a fresh run, its ``plan`` record."""
-        cfg, run_dir = self.cfg, self.run_dir
+        run_dir = self.run_dir
         if self.main and self.resumed is None and ckpt.find(run_dir) is not None:
             warnings.warn(f"{run_dir} holds the checkpoint of an earlier compile: this one starts over and replaces "
                           f"it (its metrics.jsonl moves to metrics.previous.jsonl); pass resume={str(run_dir)!r} "
@@ -223,53 +233,56 @@ class CompileRun:
         if self.resumed is None:
             self.log.append({"kind": "plan", "backend": self.plan.spec, "roles": self.role_adapters,
                              "reasons": self.plan.reasons, "learning_rates": self.rates, "frozen_roles": self.frozen,
-                             "skip_frozen": cfg.skip_frozen})
+                             "skip_frozen": self.sections.sampling.skip_frozen})
 
     def bootstrap(self) -> None:
-        """Strategy ``p`` / ``p -> w``: bootstrapped demos per role (on rank 0, broadcast); ``p`` trains no step.
-        A resumed run's demos are in the program state the checkpoint restores."""
-        cfg, st = self.cfg, self.state
+        """A strategy with demos (``p``, ``p -> w``): bootstrapped demos per role (on rank 0, broadcast); one
+        without weights (``p``) trains no step. A resumed run's demos are in the program state the checkpoint
+        restores."""
+        sec, st = self.sections, self.state
+        strategy, prompts = sec.run.optimizes, sec.prompts
         if self.resumed is not None:
-            st.steps = 0 if cfg.strategy == "p" else st.steps
+            st.steps = st.steps if strategy.weights else 0
             return
-        if cfg.strategy not in ("p", "p -> w"):
+        if not strategy.demos:
             return
         t0 = time.time()
         boot: dict[str, Any] = {}
         demos = None
         if self.main:  # bootstrapped once: every rank trains with the same demos
             demos = bootstrap_demos(self.student, self.trainset, self.engine, metric=self.metric,
-                                    k=cfg.demos_per_role, adapters=self.role_adapters,
-                                    n_examples=cfg.bootstrap_examples, repeats=cfg.bootstrap_repeats,
-                                    temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=cfg.seed,
-                                    metric_failure_score=cfg.metric_failure_score, labeled=cfg.labeled_demos,
-                                    stats=boot)
+                                    k=prompts.demos_per_role, adapters=self.role_adapters,
+                                    n_examples=prompts.bootstrap_examples, repeats=prompts.bootstrap_repeats,
+                                    temperature=sec.sampling.temperature, max_tokens=sec.sampling.max_tokens,
+                                    seed=sec.run.seed, metric_failure_score=sec.credit.metric_failure_score,
+                                    labeled=prompts.labeled_demos, stats=boot)
         demos, boot = self.distributed.broadcast((demos, boot))
         counts = apply_demos(self.student, demos)
         st.loop.spent += boot["completion_tokens"]
-        self.log.append({"kind": "demos", "strategy": cfg.strategy, "counts": counts, **boot,
+        self.log.append({"kind": "demos", "strategy": strategy.name, "counts": counts, **boot,
                          "seconds": round(time.time() - t0, 2)})
         if self.progress:
             print(f"bootstrapped demos per role: {counts} ({time.time() - t0:.0f}s)")
-        if cfg.strategy == "p":
+        if not strategy.weights:
             st.steps = 0
 
     def retrieve_demos(self) -> None:
         """``retrieved_demos``: each labeled role's pool of gold demonstrations, installed in the program; rebuilt on
         a resume too (the pools are a pure function of the trainset and the metric: no tokens)."""
-        cfg = self.cfg
-        if not cfg.retrieved_demos:
+        prompts = self.sections.prompts
+        if not prompts.retrieved_demos:
             return
         t0 = time.time()
-        pools = retrieval_pools(self.student, self.trainset, metric=self.metric, k=cfg.retrieved_demos,
-                                labels=cfg.demo_labels, metric_failure_score=cfg.metric_failure_score)
+        pools = retrieval_pools(self.student, self.trainset, metric=self.metric, k=prompts.retrieved_demos,
+                                labels=prompts.demo_labels,
+                                metric_failure_score=self.sections.credit.metric_failure_score)
         install_retrievers(self.student, pools)
         if self.resumed is None:
-            self.log.append({"kind": "retrieval", "k": cfg.retrieved_demos,
+            self.log.append({"kind": "retrieval", "k": prompts.retrieved_demos,
                              "pools": {role: len(r.pool) for role, r in pools.items()},
                              "seconds": round(time.time() - t0, 2)})
         if self.progress:
-            print(f"retrieved demos: {cfg.retrieved_demos} per run from pools "
+            print(f"retrieved demos: {prompts.retrieved_demos} per run from pools "
                   f"{ {role: len(r.pool) for role, r in pools.items()} } ({time.time() - t0:.0f}s)")
 
     def warm_start(self) -> None:
@@ -286,26 +299,28 @@ class CompileRun:
         role; None when not trained), ``skipped`` (why not, or None), ``seconds``. No success: nothing is trained,
         ``skipped`` says so and a warning repeats it. The step-0 validation after it is what the warm start alone
         reaches. Skipped on a resume: the checkpoint after it holds the warmed adapters."""
-        cfg = self.cfg
-        if not cfg.warm_start_runs or self.resumed is not None:
+        sec = self.sections
+        warm = sec.warm_start
+        if not warm.warm_start_runs or self.resumed is not None:
             return
         t0 = time.time()
         harvest, counts = self.distributed.broadcast(self.sample_successes() if self.main else None)
         self.state.loop.spent += counts["completion_tokens"]
-        rates = {a: cfg.warm_start_lr or r for a, r in self.rates.items()}
-        record = {"kind": "warm_start", "runs_per_example": cfg.warm_start_runs, **counts,
+        rates = {a: warm.warm_start_lr or r for a, r in self.rates.items()}
+        record = {"kind": "warm_start", "runs_per_example": warm.warm_start_runs, **counts,
                   "successes": role_counts(harvest.kept, self.trained), "duplicates": harvest.duplicates,
                   "capped": harvest.capped, "trained": bool(harvest.kept), "optimizer_steps": 0,
                   "learning_rates": rates, "loss_before": None, "loss_after": None, "skipped": None}
         if harvest.kept:
-            record.update(fine_tune(self.policy, sft_rows(harvest.kept, self.role_adapters), config=cfg, rates=rates,
-                                    distributed=self.distributed))
+            record.update(fine_tune(self.policy, sft_rows(harvest.kept, self.role_adapters), config=warm,
+                                    update=sec.update, guards=sec.guards, temperature=sec.sampling.temperature,
+                                    seed=sec.run.seed, rates=rates, distributed=self.distributed))
             self.hand_off()
         else:
             found = (f"no passing run among {counts['runs']} sampled runs" if not counts["passing_runs"] else
                      f"{counts['passing_runs']} of {counts['runs']} sampled runs passed without a call of a trained "
                      "role")
-            record["skipped"] = (f"warm start: {found} ({cfg.warm_start_runs} per training example): 0 successes, "
+            record["skipped"] = (f"warm start: {found} ({warm.warm_start_runs} per training example): 0 successes, "
                                  "nothing to fine-tune on; GRPO starts from the untrained adapters")
             if self.main:
                 warnings.warn(record["skipped"], stacklevel=3)
@@ -319,16 +334,14 @@ class CompileRun:
 
     def sample_successes(self) -> tuple[Harvest, dict[str, int]]:
         """The warm start's sampled, scored runs -> its successes and the runs' counts (``run_counts``)."""
-        cfg = self.cfg
-        rollouts = run_rollouts(self.student, self.trainset, self.engine, repeats=cfg.warm_start_runs,
-                                adapters=self.role_adapters, sampling=self.sampling, max_workers=cfg.rollout_workers,
-                                seeds=[derive_seed(cfg.seed, "warm_start", i) for i in range(len(self.trainset))],
-                                stop_roles=self.frozen if cfg.skip_frozen else ())
+        sec = self.sections
+        rollouts = run_rollouts(self.student, self.trainset, self.engine, repeats=sec.warm_start.warm_start_runs,
+                                seeds=[derive_seed(sec.run.seed, "warm_start", i) for i in range(len(self.trainset))],
+                                **self.rollout_options())
         for graphs in rollouts:
             for g in graphs:
-                score_rollout(self.metric, g, failure_score=cfg.failure_score,
-                              metric_failure_score=cfg.metric_failure_score)
-        harvest = successes(rollouts, self.trained, max_per_example=cfg.warm_start_max_per_example)
+                self.score(g)
+        harvest = successes(rollouts, self.trained, max_per_example=sec.warm_start.warm_start_max_per_example)
         return harvest, run_counts(rollouts)
 
     # ----- start: the step-0 baseline, or a resume ------------------------------------------------------------------
@@ -346,35 +359,32 @@ class CompileRun:
         every rank gets it), primed into the sampler (with a curriculum and no ``curriculum_key``, as its order
         too); a ``probe`` record (the rates per example in trainset order, their mean, the share of examples passed
         at least once); its tokens count in ``max_rollout_tokens``."""
-        cfg = self.cfg
-        if not cfg.pass_rate_probe or self.state.steps == 0:  # strategy "p" trains no step: nothing to steer
+        sampling = self.sections.sampling
+        if not sampling.pass_rate_probe or self.state.steps == 0:  # strategy "p" trains no step: nothing to steer
             return
         t0 = time.time()
         rates, tokens = self.distributed.broadcast(self.measure_pass_rates() if self.main else None)
-        order = cfg.curriculum_steps > 0 and cfg.curriculum_key is None
+        order = sampling.curriculum_steps > 0 and sampling.curriculum_key is None
         self.sampler.prime(rates, order=order)
         self.state.loop.spent += tokens
-        record = {"kind": "probe", "runs_per_example": cfg.pass_rate_probe, "examples": len(rates),
+        record = {"kind": "probe", "runs_per_example": sampling.pass_rate_probe, "examples": len(rates),
                   "pass_rate": statistics.fmean(rates), "pass_at_k": sum(r > 0 for r in rates) / len(rates),
                   "completion_tokens": tokens, "orders_curriculum": order, "rates": rates,
                   "seconds": round(time.time() - t0, 2)}
         self.log.append(record)
         if self.progress:
-            print(f"pass-rate probe: {cfg.pass_rate_probe} runs x {len(rates)} examples, pass rate "
+            print(f"pass-rate probe: {sampling.pass_rate_probe} runs x {len(rates)} examples, pass rate "
                   f"{record['pass_rate']:.3f}, {sum(r > 0 for r in rates)} examples passed at least once "
                   f"({record['seconds']:.0f}s)")
 
     def measure_pass_rates(self) -> tuple[list[float], int]:
         """Per training example, the mean reward (clipped to [0, 1]) of ``pass_rate_probe`` sampled runs, seeded
         (seed, "probe", index); and the completion tokens they generated."""
-        cfg = self.cfg
-        rollouts = run_rollouts(self.student, self.trainset, self.engine, repeats=cfg.pass_rate_probe,
-                                adapters=self.role_adapters, sampling=self.sampling, max_workers=cfg.rollout_workers,
-                                seeds=[derive_seed(cfg.seed, "probe", i) for i in range(len(self.trainset))],
-                                stop_roles=self.frozen if cfg.skip_frozen else ())
-        rates = [statistics.fmean(min(max(score_rollout(self.metric, g, failure_score=cfg.failure_score,
-                                                        metric_failure_score=cfg.metric_failure_score), 0.0), 1.0)
-                                  for g in graphs) for graphs in rollouts]
+        sec = self.sections
+        rollouts = run_rollouts(self.student, self.trainset, self.engine, repeats=sec.sampling.pass_rate_probe,
+                                seeds=[derive_seed(sec.run.seed, "probe", i) for i in range(len(self.trainset))],
+                                **self.rollout_options())
+        rates = [statistics.fmean(min(max(self.score(g), 0.0), 1.0) for g in graphs) for graphs in rollouts]
         return rates, sum(len(c.completion_ids) for graphs in rollouts for g in graphs for c in g.calls)
 
     def resume(self) -> None:
@@ -430,8 +440,8 @@ class CompileRun:
     def budget_spent(self, step: int) -> bool:
         """``max_rollout_tokens`` spent before ``step``: the previous step is the last (validated here if it was
         not)."""
-        cfg, st = self.cfg, self.state
-        if cfg.max_rollout_tokens is None or st.loop.spent < cfg.max_rollout_tokens:
+        budget, st = self.sections.sampling.max_rollout_tokens, self.state
+        if budget is None or st.loop.spent < budget:
             return False
         st.steps = step - 1
         if st.steps not in st.loop.revisions:
@@ -441,27 +451,39 @@ class CompileRun:
                 loop.best_step, loop.best_val = st.steps, loop.val
         return True
 
+    def rollout_options(self) -> dict[str, Any]:
+        """``run_rollouts``' options of every sampled run of training (steps, probe, warm start)."""
+        sampling = self.sections.sampling
+        return dict(adapters=self.role_adapters, sampling=self.sampling_params, max_workers=sampling.rollout_workers,
+                    stop_roles=self.frozen if sampling.skip_frozen else ())
+
+    def score(self, graph: RolloutGraph) -> float:
+        """Score a sampled run with the metric (its failure scores from the credit section); its reward."""
+        credit = self.sections.credit
+        return score_rollout(self.metric, graph, failure_score=credit.failure_score,
+                             metric_failure_score=credit.metric_failure_score)
+
     def roll_out(self, indices: list[int], step: int, *,
                  sizes: list[int] | None = None) -> tuple[list[list[RolloutGraph]], dict[str, int]]:
         """The scored, credited rollouts of ``indices`` (``group_size`` each, or ``sizes[k]`` for ``indices[k]``;
         this rank's shard run here, the rest gathered) and what counterfactual credit's reruns cost."""
-        cfg, distributed, metric = self.cfg, self.distributed, self.metric
-        mine = distributed.shard(list(zip(indices, sizes or [cfg.group_size] * len(indices))))
+        credit, distributed, metric = self.sections.credit, self.distributed, self.metric
+        mine = distributed.shard(list(zip(indices, sizes or [self.sections.sampling.group_size] * len(indices))))
         examples = [self.trainset[i] for i, _ in mine]
         rollouts = self.run_groups(mine, step, adaptive=sizes is not None) if examples else []
         cost = {"runs": 0, "completion_tokens": 0}
+        rule = credit.rule
         for graphs in rollouts:
             for g in graphs:
-                score_rollout(metric, g, failure_score=cfg.failure_score,
-                              metric_failure_score=cfg.metric_failure_score)
-                self.credit(metric, g, metric_failure_score=cfg.metric_failure_score)
-        if cfg.counterfactual_roles and examples:
+                self.score(g)
+                rule(metric, g, metric_failure_score=credit.metric_failure_score)
+        if credit.counterfactual_roles and examples:
             cost = counterfactual_credit(self.student, examples, rollouts, self.engine, metric=metric,
                                          # "*": every trained role (a frozen role's credit trains nothing)
-                                         roles=self.trained if "*" in cfg.counterfactual_roles
-                                         else cfg.counterfactual_roles, adapters=self.role_adapters,
-                                         sampling=self.sampling, failure_score=cfg.failure_score,
-                                         metric_failure_score=cfg.metric_failure_score)
+                                         roles=self.trained if "*" in credit.counterfactual_roles
+                                         else credit.counterfactual_roles, adapters=self.role_adapters,
+                                         sampling=self.sampling_params, failure_score=credit.failure_score,
+                                         metric_failure_score=credit.metric_failure_score)
         if distributed.world > 1:  # every rank: the whole draw, in the order of indices
             parts = distributed.gather([(rollouts, cost)])
             rollouts = [graphs for part, _ in parts for graphs in part]
@@ -474,16 +496,14 @@ class CompileRun:
         and whichever rank runs it: fixed groups trace rollout r of example i with ``derive_seed(derive_seed(seed,
         "rollout", step, i), r)`` (``run_rollouts``' rule); adaptive ones from ``derive_seed(seed, "rollout", step,
         i, r)``, so an example's first n rollouts are the same whatever its group size."""
-        cfg = self.cfg
-        common = dict(adapters=self.role_adapters, sampling=self.sampling, max_workers=cfg.rollout_workers,
-                      stop_roles=self.frozen if cfg.skip_frozen else ())
+        seed, common = self.sections.run.seed, self.rollout_options()
         if not adaptive:
             return run_rollouts(self.student, [self.trainset[i] for i, _ in mine], self.engine,
-                                repeats=cfg.group_size, seeds=[derive_seed(cfg.seed, "rollout", step, i)
-                                                               for i, _ in mine], **common)
+                                repeats=self.sections.sampling.group_size,
+                                seeds=[derive_seed(seed, "rollout", step, i) for i, _ in mine], **common)
         jobs = [(k, i, r) for k, (i, n) in enumerate(mine) for r in range(n)]
         single = run_rollouts(self.student, [self.trainset[i] for _, i, _ in jobs], self.engine, repeats=1,
-                              seeds=[derive_seed(cfg.seed, "rollout", step, i, r) for _, i, r in jobs], **common)
+                              seeds=[derive_seed(seed, "rollout", step, i, r) for _, i, r in jobs], **common)
         out: list[list[RolloutGraph]] = [[] for _ in mine]
         for (k, _, _), graphs in zip(jobs, single):
             out[k].extend(graphs)
@@ -492,22 +512,22 @@ class CompileRun:
     def group_sizes(self, indices: list[int]) -> list[int] | None:
         """``adaptive_rollouts``: each drawn example's group size from its running pass rate, within
         ``adaptive_budget`` x ``group_size`` rollouts per drawn example; None: fixed groups of ``group_size``."""
-        cfg = self.cfg
-        if not cfg.adaptive_rollouts:
+        sampling = self.sections.sampling
+        if not sampling.adaptive_rollouts:
             return None
-        budget = math.floor(cfg.adaptive_budget * cfg.group_size * len(indices) + 1e-9)
-        return adaptive_group_sizes([self.sampler.rates.get(i) for i in indices], base=cfg.group_size,
-                                    max_size=cfg.max_group_size, budget=budget, target=cfg.adaptive_target)
+        budget = math.floor(sampling.adaptive_budget * sampling.group_size * len(indices) + 1e-9)
+        return adaptive_group_sizes([self.sampler.rates.get(i) for i in indices], base=sampling.group_size,
+                                    max_size=sampling.max_group_size, budget=budget, target=sampling.adaptive_target)
 
     def collect(self, s: Step) -> None:
         """The step's rollouts: ``examples_per_step`` examples, or (dynamic sampling) as many examples with signal,
         drawing replacements for flat ones for up to ``max_draw_rounds`` rounds; group sizes (``adaptive_rollouts``)
         from the running pass rates before each round; counts the tokens spent and the flat examples."""
-        cfg, sampler = self.cfg, self.sampler
-        quota, kept, drawn, dropped, flat, rounds, rewards, tokens = cfg.examples_per_step, [], [], 0, 0, 0, [], 0
+        sampling, sampler = self.sections.sampling, self.sampler
+        quota, kept, drawn, dropped, flat, rounds, rewards, tokens = sampling.examples_per_step, [], [], 0, 0, 0, [], 0
         sizes_drawn: list[int] = []
         cf_cost = {"runs": 0, "completion_tokens": 0}  # counterfactual credit's cost in this step
-        while len(kept) < quota and rounds < (cfg.max_draw_rounds if cfg.dynamic_sampling else 1):
+        while len(kept) < quota and rounds < (sampling.max_draw_rounds if sampling.dynamic_sampling else 1):
             rate = len(kept) / len(drawn) if drawn else 1.0  # oversample by the signal rate seen so far
             want = min(2 * quota, math.ceil((quota - len(kept)) / max(rate, 1 / 3)))
             indices = sampler.draw(want, exclude=drawn)
@@ -525,7 +545,7 @@ class CompileRun:
             for i, graphs, has in zip(indices, rollouts, signal):
                 sampler.observe(i, statistics.fmean(min(max(g.reward, 0.0), 1.0) for g in graphs))
                 flat += not has
-                if has or not cfg.dynamic_sampling:
+                if has or not sampling.dynamic_sampling:
                     kept.append(graphs)
                 else:
                     dropped += 1
@@ -540,52 +560,55 @@ class CompileRun:
                      "examples_drawn": len(drawn), "examples_kept": len(kept), "examples_flat": dropped,
                      "indices": drawn,
                      "draw_rounds": rounds, "sampler": summary, "rollouts_drawn": len(rewards),
-                     "group_sizes": sizes_drawn if cfg.adaptive_rollouts else None,
+                     "group_sizes": sizes_drawn if sampling.adaptive_rollouts else None,
                      "completion_tokens_total": self.state.loop.spent}
         s.starvation = starvation(flat, len(drawn), pass_rate=summary.get("mean_pass_rate"),
                                   step_pass_rate=(statistics.fmean(min(max(r, 0.0), 1.0) for r in rewards)
                                                   if rewards else None), remedies=self.remedies)
 
     def build_groups(self, rollouts: list[list[RolloutGraph]]) -> list[Group]:
-        cfg = self.cfg
-        return build_groups(rollouts, mode=cfg.grouping, failure_score=cfg.failure_score,
-                            format_failure_score=cfg.format_failure_score, pool_fanout=cfg.pool_fanout,
-                            overlong_penalty=cfg.overlong_penalty)
+        credit = self.sections.credit
+        return build_groups(rollouts, mode=credit.grouping, failure_score=credit.failure_score,
+                            format_failure_score=credit.format_failure_score, pool_fanout=credit.pool_fanout,
+                            overlong_penalty=credit.overlong_penalty)
 
     def group(self, s: Step) -> None:
         """Groups per (example, role, invocation) and their advantages (a frozen role's too: its step stats read
         them, the update does not), scaled per role under ``role_advantage_norm``."""
-        cfg = self.cfg
+        credit = self.sections.credit
+        estimator = credit.estimator
         s.all_groups = self.build_groups(s.rollouts)
         s.groups = trained_groups(s.all_groups, self.role_adapters)
         for g in s.all_groups:
-            ga = group_advantages(g.rewards, cfg.advantage)
+            ga = group_advantages(g.rewards, estimator)
             g.advantages, g.no_signal = ga.advantages, ga.no_signal
             if g.role in self.role_adapters:
                 s.scored.append(ga)  # the step's no-signal rate: of what trains
-        s.scales = role_scales((g.role, g.advantages) for g in s.groups) if cfg.role_advantage_norm else {}
+        s.scales = role_scales((g.role, g.advantages) for g in s.groups) if credit.role_advantage_norm else {}
         for g in s.groups:
             if s.scales.get(g.role, 1.0) != 1.0:
                 g.advantages = [a * s.scales[g.role] for a in g.advantages]
 
     def schedule_lr(self, s: Step) -> None:
         """Every adapter's base rate times the schedule's multiplier for this step."""
-        cfg = self.cfg
-        s.lr_mult = lr_multiplier(s.step, self.state.steps, schedule=cfg.lr_schedule, warmup=cfg.warmup_steps,
-                                  min_ratio=cfg.min_lr_ratio)
+        update = self.sections.update
+        s.lr_mult = lr_multiplier(s.step, self.state.steps, schedule=update.lr_schedule, warmup=update.warmup_steps,
+                                  min_ratio=update.min_lr_ratio)
         self.optimizers.apply_schedule(s.lr_mult)
 
     def update(self, s: Step) -> None:
         """One optimizer step per adapter on the trained groups, with the fan-out weights and the entropy bonus of
         roles below the floor; per-role stats of the rollouts (read before the update) and of the update."""
-        cfg = self.cfg
-        s.weights = fanout_weights(s.groups) if cfg.fanout_scaling else {}
+        sec = self.sections
+        guards = sec.guards
+        s.weights = fanout_weights(s.groups) if guards.fanout_scaling else {}
         s.per_role = role_stats(s.graphs, s.all_groups)  # of the rollouts, so before the update
         # a role whose engine reported no log-probs (a scripted engine) has no measured entropy: no bonus
         bonus = entropy_bonus({r: x["entropy"] for r, x in s.per_role.items() if x["entropy_measured"]},
-                              floor=cfg.entropy_floor, coef=cfg.entropy_coef)
-        s.upd = self.update_adapters(self.policy, self.optimizers, s.groups, self.role_adapters, config=cfg,
-                                     weights=s.weights, distributed=self.distributed, entropy_coefs=bonus)
+                              floor=guards.entropy_floor, coef=guards.entropy_coef)
+        s.upd = self.update_adapters(self.policy, self.optimizers, s.groups, self.role_adapters, config=sec.update,
+                                     guards=guards, temperature=sec.sampling.temperature, weights=s.weights,
+                                     distributed=self.distributed, entropy_coefs=bonus)
         for role in s.per_role:
             s.per_role[role]["entropy_bonus"] = bonus.get(role, 0.0)
             if role in self.frozen:
@@ -603,7 +626,8 @@ class CompileRun:
 
     def step_record(self, s: Step) -> dict[str, Any]:
         """The step's ``metrics.jsonl`` record."""
-        cfg, graphs, drawing = self.cfg, s.graphs, s.drawing
+        sec, graphs, drawing = self.sections, s.graphs, s.drawing
+        guards = sec.guards
         add_guard_stats(s.per_role, s.groups, s.weights, s.upd, self.role_adapters, self.optimizers)
         return {
             "kind": "step", "step": s.step,
@@ -621,15 +645,15 @@ class CompileRun:
                                   / max(sum(len(g.calls) for g in graphs), 1)),
             "no_signal_rate": no_signal_rate(s.scored) if s.scored else 1.0,
             "logprob_mismatch": merge_mismatch([u.get("logprob_mismatch", {}) for u in s.upd.values()]),
-            "importance_correction": cfg.importance_correction,
+            "importance_correction": sec.update.importance_correction,
             "groups": len(s.groups),
             "adapters": s.upd,
             "roles": s.per_role,
-            "guards": {"fanout_scaling": cfg.fanout_scaling,
-                       "role_balance": cfg.role_balance and self.multi_role,
-                       "role_share_cap": cfg.role_share_cap, "role_clip": cfg.role_clip,
-                       "cliff_guard": cfg.cliff_guard and bool(self.valset),
-                       "entropy_floor": cfg.entropy_floor},
+            "guards": {"fanout_scaling": guards.fanout_scaling,
+                       "role_balance": guards.role_balance and self.multi_role,
+                       "role_share_cap": guards.role_share_cap, "role_clip": guards.role_clip,
+                       "cliff_guard": guards.cliff_guard and bool(self.valset),
+                       "entropy_floor": guards.entropy_floor},
             "seconds_rollout": round(s.seconds["rollout"], 2),
             "seconds_update": round(time.time() - s.update_started - s.seconds["handoff"], 2),
             "seconds_handoff": round(s.seconds["handoff"], 3),
@@ -637,34 +661,33 @@ class CompileRun:
 
     def after_step(self, s: Step, record: dict[str, Any]) -> None:
         """Log the step; validate when due, keep the best evaluated revision, guard against a cliff; checkpoint."""
-        cfg, loop, step = self.cfg, self.state.loop, s.step
+        every, loop, step = self.sections.evaluation.eval_every, self.state.loop, s.step
         self.log.append(record)
         loop.history.append({k: v for k, v in record.items() if k != "adapters"})
-        evaluated = (cfg.eval_every and step % cfg.eval_every == 0) or step == self.state.steps
+        evaluated = (every and step % every == 0) or step == self.state.steps
         if evaluated:
             loop.val = self.validate(step)
         val = loop.val
         if val is not None and (loop.best_val is None or val > loop.best_val) and step in loop.revisions:
             loop.best_step, loop.best_val = step, val
-        if evaluated and val is not None and cfg.cliff_guard:
+        if evaluated and val is not None and self.sections.guards.cliff_guard:
             self.guard_cliff(step)
         self.checkpoint(step)
 
     # ----- validation, guard, checkpoint ----------------------------------------------------------------------------
     def validate(self, step: int) -> float | None:
         """Keep the adapters' revision at ``step``; with a valset, its greedy accuracy (logged)."""
-        cfg, loop, adapters = self.cfg, self.state.loop, self.plan.adapters
+        credit, loop, adapters = self.sections.credit, self.state.loop, self.plan.adapters
         if not self.valset:
             loop.revisions[step] = {a: self.policy.adapter_state(a) for a in adapters}
             return None
         t0 = time.time()
         res = self.evaluate(self.student, self.valset, self.engine, metric=self.metric, adapters=self.role_adapters,
-                            max_tokens=self.eval_tokens, failure_score=cfg.failure_score,
+                            max_tokens=self.eval_tokens, failure_score=credit.failure_score,
                             progress=self.progress and "validate",
-                            metric_failure_score=cfg.metric_failure_score if cfg.metric_failure_score is not None
-                            else cfg.failure_score, distributed=self.distributed)
+                            metric_failure_score=credit.validation_failure_score, distributed=self.distributed)
         loop.revisions[step] = {a: self.policy.adapter_state(a) for a in adapters}
-        if cfg.skip_frozen and step == 0:
+        if self.sections.sampling.skip_frozen and step == 0:
             check_skippable(res["graphs"], self.frozen, roles(self.student))
         record = {"kind": "eval", "step": step, "val_accuracy": res["accuracy"], "n": res["n"],
                   "interval": [round(x, 4) for x in res["interval"]],
@@ -678,8 +701,8 @@ class CompileRun:
     def guard_cliff(self, step: int) -> None:
         """A cliff (``cliff_patience`` evaluations more than ``cliff_drop`` below the best): every adapter that moved
         since the best revision goes back to it, its learning rate cut by ``cliff_lr_factor``; an event."""
-        cfg, loop, optimizers = self.cfg, self.state.loop, self.optimizers
-        cliff = detect_cliff(loop.evals, drop=cfg.cliff_drop, patience=cfg.cliff_patience,
+        guards, loop, optimizers = self.sections.guards, self.state.loop, self.optimizers
+        cliff = detect_cliff(loop.evals, drop=guards.cliff_drop, patience=guards.cliff_patience,
                              after_step=loop.last_rollback)
         if cliff is None:
             return
@@ -688,12 +711,12 @@ class CompileRun:
                  if any(not torch.equal(v, best[a][k]) for k, v in loop.revisions[step][a].items())]
         for adapter in moved:
             self.policy.restore_adapter(adapter, best[adapter])
-            optimizers.scale_lr(adapter, cfg.cliff_lr_factor)
+            optimizers.scale_lr(adapter, guards.cliff_lr_factor)
         self.hand_off(moved)
         event = {"kind": "cliff", "action": "rollback", "step": step, "from_step": step, "to_step": cliff.best_step,
                  "best_accuracy": cliff.best_accuracy, "fell_at": list(cliff.steps),
-                 "accuracies": list(cliff.accuracies), "drop": cfg.cliff_drop, "patience": cfg.cliff_patience,
-                 "adapters": moved, "lr_factor": cfg.cliff_lr_factor,
+                 "accuracies": list(cliff.accuracies), "drop": guards.cliff_drop, "patience": guards.cliff_patience,
+                 "adapters": moved, "lr_factor": guards.cliff_lr_factor,
                  "learning_rates": {a: optimizers.lr(a) for a in moved}}
         self.log.append({"kind": "event", **{k: v for k, v in event.items() if k != "kind"}, "event": event["kind"]})
         loop.events.append(event)
@@ -719,7 +742,7 @@ class CompileRun:
         now: after a final rollback, the best one, not the step's own), plot the log, and package the artifact."""
         cfg, loop, policy = self.cfg, self.state.loop, self.policy
         best_step, best_val = loop.best_step, loop.best_val
-        keep_step = best_step if (cfg.keep == "best" and best_val is not None) else loop.current
+        keep_step = best_step if (self.sections.evaluation.keep == "best" and best_val is not None) else loop.current
         for adapter, state in loop.revisions[keep_step].items():
             policy.restore_adapter(adapter, state)
         self.hand_off()

@@ -62,6 +62,10 @@ progress; every rank returns the same :class:`CompiledProgram`, and only rank 0 
 With a deterministic engine (a script, greedy decoding) N ranks end with the adapters one process would have (up to
 the summation order of the gradients); sampled rollouts draw other random numbers than one process would.
 
+Config: :class:`~compilers.config.MMGRPOConfig` takes flat field names and is made of one section per stage
+(``compilers.config.SECTIONS``: run, engine, plan, prompts, warm_start, sampling, credit, update, guards, evaluation);
+each stage is given only its own.
+
 Code: :meth:`MMGRPO.compile` is the list of the compile's stages, the methods of :class:`compilers.loop.CompileRun`
 (setup, the step-0 baseline or the resume, the steps, the export); what they check before training is in
 ``compilers.prepare``, a step's per-role diagnostics in ``compilers.diagnostics``.

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from compilers.backends import BackendPlan
-from compilers.config import MMGRPOConfig
+from compilers.config import EngineConfig, PlanConfig
 from compilers.distributed import Distributed
 from wfc.engines import make_engine
 from wfc.engines.hf import HFEngine
@@ -33,7 +33,7 @@ def resume_dir(resume: str | Path | bool | None, run_dir: str | Path | None) -> 
     return Path(run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
 
 
-def check_frozen(cfg: MMGRPOConfig, role_paths: list[str]) -> list[str]:
+def check_frozen(cfg: PlanConfig, role_paths: list[str]) -> list[str]:
     """The config's frozen roles, checked against the program's roles: each must be one, and one role at least must
     be left to train."""
     unknown = [r for r in cfg.frozen_roles if r not in role_paths]
@@ -92,7 +92,7 @@ def check_same_compile(distributed: Distributed, fingerprint: Mapping[str, Any])
                          "launch every rank with the same program, data, config, seed and base model")
 
 
-def policy_and_engine(engine, policy: Policy | None, model: str, cfg: MMGRPOConfig):
+def policy_and_engine(engine, policy: Policy | None, model: str, cfg: EngineConfig):
     """The (engine, policy) pair of a compile (see ``MMGRPO.compile``). A policy given or taken from an HF engine
     is used where it lives; an explicit ``cfg.device`` that disagrees with it is a ValueError."""
     if policy is None and isinstance(engine, HFEngine):

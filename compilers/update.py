@@ -7,7 +7,13 @@ but it still counts in the aggregation's denominator: skipping it changes the co
 Packing: rows with identical prompt ids (the voters of one example, the members of a group) are packed into one row
 (``compilers.packing``: exact shared-prefix log-probs), micro-batches bounded by ``token_budget``, backward per
 micro-batch. The step's loss is the configured aggregation over all of the adapter's rows: each micro-batch's
-aggregated loss is rescaled by its share of the step's tokens (``token``) or rows (``sequence``, ``constant``).
+aggregated loss is rescaled by its share of the step (``compilers.loss.Aggregation.share``: of its tokens for
+``token``, of its rows for ``sequence`` and ``constant``).
+
+Config: the update is given its own section (:class:`compilers.config.UpdateConfig`: loss, optimizer, importance
+correction), the guards' section where guards act (:func:`update_rows`: role balancing and per-role clips), and the
+rollouts' sampling temperature; the variants come from the section as objects (``config.aggregation``,
+``config.correction``), so no name is tested here.
 
 Old log-probs are recomputed by the trainer, under the rollouts' sampling temperature: with ``inner_epochs == 1`` they
 are the detached current ones (ratio 1); with more epochs, a no-grad pass before the first epoch. Where they differ
@@ -39,6 +45,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from compilers.config import GuardsConfig, UpdateConfig
 from compilers.distributed import Distributed, SingleProcess
 from compilers.group import Group
 from compilers.guards import balance_weights, member_key, role_mass
@@ -285,75 +292,167 @@ def _part(rows: list[Row], token_budget: int, distributed: Distributed) -> _Part
     return _Part(rows, packs, groups, plan, {}, alts, masks)
 
 
-def _backward(model, part: _Part, *, config, weight: Callable[[Row], float], total_tokens: int, total_rows: int,
-              max_tokens: int, mismatch: list[dict[str, float]] | None = None,
+@dataclass(frozen=True)
+class _Whole:
+    """An adapter's whole step, of which each micro-batch's loss is a share (global over the ranks): its free
+    completion tokens (at least 1: every token forced means no loss, and no 0 / 0), its rows, and its longest
+    completion (the ``constant`` aggregation's budget)."""
+
+    tokens: int
+    rows: int
+    max_tokens: int
+
+    @classmethod
+    def of(cls, rows: Sequence[Row]) -> _Whole:
+        return cls(tokens=max(sum(r.free_tokens for r in rows), 1), rows=len(rows),
+                   max_tokens=max(len(r.completion_ids) for r in rows))
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One micro-batch's rows, padded to (B, T)."""
+
+    logprobs: torch.Tensor  # (B, T) under the policy being trained (carries grad)
+    mask: torch.Tensor  # (B, T) bool: completion tokens that carry weight (forced ones, wfc.constrain, do not)
+    old: torch.Tensor  # (B, T) the trainer's old log-probs
+    engine: torch.Tensor  # (B, T) the engine's sampling log-probs (the old ones where the engine reported none)
+    advantages: torch.Tensor  # (B,)
+    weights: torch.Tensor  # (B,) each row's own weight times its role's balance weight
+    entropy: torch.Tensor | None  # (B, T) next-token entropy (carries grad), for the entropy bonus
+
+    @property
+    def rows(self) -> int:
+        return self.logprobs.shape[0]
+
+
+def _batch(part: _Part, mb: list[int], lps: list[list[torch.Tensor]], weight: Callable[[Row], float], *,
+           entropy: bool) -> _Batch:
+    """Micro-batch ``mb`` of ``part`` from its packs' log-probs ``lps`` (``(n, 2)`` with entropy when ``entropy``)."""
+    flat, flat_old, flat_engine, adv, weights, flat_ent, flat_free = [], [], [], [], [], [], []
+    for g, group_lps in zip(mb, lps):
+        for j, (i, t) in enumerate(zip(part.packs[g][1], _completion_logprobs(part, g, group_lps))):
+            row = part.rows[i]
+            if entropy:  # (n, 2): log-prob, entropy
+                t, h = t[:, 0], t[:, 1]
+                flat_ent.append(h)
+            flat.append(t)
+            old_t = part.old[g][j] if part.old else t.detach()
+            flat_old.append(old_t)
+            # unknown engine log-probs: weight 1 (engine == trainer), and the row adds no mismatch
+            flat_engine.append(torch.tensor(row.engine_logprobs, dtype=old_t.dtype, device=old_t.device)
+                               if row.engine_logprobs is not None else old_t.detach())
+            adv.append(row.advantage)
+            weights.append(weight(row))
+            flat_free.append(torch.tensor(row.free if row.free is not None else [True] * t.shape[0], device=t.device))
+    logprobs, mask = _pad(flat)
+    return _Batch(logprobs, mask & _pad(flat_free)[0], _pad(flat_old)[0], _pad(flat_engine)[0],
+                  torch.tensor(adv, device=logprobs.device), torch.tensor(weights, device=logprobs.device),
+                  _pad(flat_ent)[0] if flat_ent else None)
+
+
+def _reference(model, part: _Part, mb: list[int], temperature: float) -> torch.Tensor:
+    """(B, T) log-probs of micro-batch ``mb``'s rows under the reference: the base model, with the adapter off."""
+    with torch.no_grad(), model.disable_adapter():
+        lps = packed_logprobs(model, [part.groups[g] for g in mb], token_budget=1 << 30, temperature=temperature,
+                              masks=[part.masks[g] for g in mb])
+    return _pad([t for g, group in zip(mb, lps) for t in _completion_logprobs(part, g, group)])[0]
+
+
+def _backward(model, part: _Part, *, config: UpdateConfig, temperature: float, weight: Callable[[Row], float],
+              whole: _Whole, mismatch: list[dict[str, float]] | None = None,
               entropy_coef: float = 0.0) -> tuple[float, list[float]]:
     """Backward of one role's part of the adapter's loss (grads accumulate). Returns (loss part, clip fractions).
-    ``entropy_coef > 0`` adds the entropy bonus (``compilers.loss``) at that coefficient.
 
-    Log-probs are under the sampling temperature, like the engine's. Rows whose engine log-probs are known get
-    truncated importance weights (``config.importance_correction == "tis"``); the engine/trainer mismatch of each
-    micro-batch is appended to ``mismatch``."""
+    Log-probs are under the rollouts' sampling ``temperature``, like the engine's. Rows whose engine log-probs are
+    known get the config's importance correction; the engine/trainer mismatch of each micro-batch is appended to
+    ``mismatch``. ``entropy_coef > 0`` adds the entropy bonus (``compilers.loss``) at that coefficient. Each
+    micro-batch's loss counts by the aggregation's share of the whole step, so the parts of all roles sum to it."""
     loss_sum, clip_fracs = 0.0, []
-    temperature = config.temperature
+    aggregation, correction = config.aggregation, config.correction
     for mb in part.plan:
-        mb_groups = [part.groups[g] for g in mb]
-        mb_masks = [part.masks[g] for g in mb]
-        lps = packed_logprobs(model, mb_groups, token_budget=1 << 30, temperature=temperature,
-                              entropy=entropy_coef > 0, masks=mb_masks)
-        flat, flat_old, flat_engine, adv, weights, flat_ent, flat_free = [], [], [], [], [], [], []
-        for g, group_lps in zip(mb, lps):
-            for j, (i, t) in enumerate(zip(part.packs[g][1], _completion_logprobs(part, g, group_lps))):
-                if entropy_coef > 0:  # (n, 2): log-prob, entropy
-                    t, h = t[:, 0], t[:, 1]
-                    flat_ent.append(h)
-                flat.append(t)
-                old_t = part.old[g][j] if part.old else t.detach()
-                flat_old.append(old_t)
-                engine = part.rows[i].engine_logprobs
-                # unknown engine log-probs: weight 1 (engine == trainer), and the row adds no mismatch
-                flat_engine.append(torch.tensor(engine, dtype=old_t.dtype, device=old_t.device) if engine is not None
-                                   else old_t.detach())
-                adv.append(part.rows[i].advantage)
-                weights.append(weight(part.rows[i]))
-                free = part.rows[i].free
-                flat_free.append(torch.tensor(free if free is not None else [True] * t.shape[0], device=t.device))
-        logprobs, mask = _pad(flat)
-        mask = mask & _pad(flat_free)[0]  # forced tokens (wfc.constrain) carry no weight
-        old_lp, _ = _pad(flat_old)
-        engine_lp, _ = _pad(flat_engine)
+        lps = packed_logprobs(model, [part.groups[g] for g in mb], token_budget=1 << 30, temperature=temperature,
+                              entropy=entropy_coef > 0, masks=[part.masks[g] for g in mb])
+        b = _batch(part, mb, lps, weight, entropy=entropy_coef > 0)
         if mismatch is not None:
-            mismatch.append(mismatch_stats(old_lp, engine_lp, mask, cap=config.tis_cap))
-        iw = (truncated_importance_weights(old_lp, engine_lp, mask, cap=config.tis_cap)
-              if config.importance_correction == "tis" else None)
-        ent = _pad(flat_ent)[0] if flat_ent else None
-        ref = None
-        if config.beta > 0:
-            with torch.no_grad(), model.disable_adapter():
-                ref_lps = packed_logprobs(model, mb_groups, token_budget=1 << 30, temperature=temperature,
-                                          masks=mb_masks)
-            ref, _ = _pad([t for g, group in zip(mb, ref_lps) for t in _completion_logprobs(part, g, group)])
-        loss, st = policy_loss(
-            logprobs, old_lp, torch.tensor(adv, device=logprobs.device), mask, aggregation=config.loss_aggregation,
-            clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high, ref_logprobs=ref, beta=config.beta,
-            importance_weights=iw, weights=torch.tensor(weights, device=logprobs.device),
-            max_tokens=max_tokens if config.loss_aggregation == "constant" else None,
-            entropy=ent, entropy_coef=entropy_coef,
-        )
-        # this micro-batch's share of the adapter's whole step: parts of all roles sum to the adapter's loss
-        share = (int(mask.sum()) / total_tokens) if config.loss_aggregation == "token" else (len(flat) / total_rows)
+            mismatch.append(mismatch_stats(b.old, b.engine, b.mask, cap=config.tis_cap))
+        iw = correction.weights(b.old, b.engine, b.mask, cap=config.tis_cap)
+        ref = _reference(model, part, mb, temperature) if config.beta > 0 else None
+        loss, st = policy_loss(b.logprobs, b.old, b.advantages, b.mask, aggregation=aggregation,
+                               clip_eps=config.clip_eps, clip_eps_high=config.clip_eps_high, ref_logprobs=ref,
+                               beta=config.beta, importance_weights=iw, weights=b.weights,
+                               max_tokens=whole.max_tokens, entropy=b.entropy, entropy_coef=entropy_coef)
+        share = aggregation.share(tokens=int(b.mask.sum()), rows=b.rows, total_tokens=whole.tokens,
+                                  total_rows=whole.rows)
         (loss * share).backward()
         loss_sum += float(loss.detach()) * share
         clip_fracs.append(st.get("clip_fraction", 0.0))
     return loss_sum, clip_fracs
 
 
-def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, config,
-                   max_grad_norm: float | None = None, role_max_grad_norm: Mapping[str, float] | None = None,
-                   row_weights: dict[str, float] | None = None,
+def _adapter_stats(rows: list[Row], live: list[Row]) -> dict[str, Any]:
+    """An adapter's stats before its backward: its rows and trained (``live``) rows, in all and per role."""
+    stats: dict[str, Any] = {"rows": len(rows), "trained_rows": len(live), "loss": 0.0, "grad_norm": 0.0,
+                             "clip_fraction": 0.0, "logprob_mismatch": merge_mismatch([]), "roles": {}}
+    for r in rows:
+        role = stats["roles"].setdefault(r.role, {"rows": 0, "trained_rows": 0, "grad_norm": 0.0, "clipped": False})
+        role["rows"] += 1
+    for r in live:
+        stats["roles"][r.role]["trained_rows"] += 1
+    return stats
+
+
+def _role_parts(model, live: list[Row], *, config: UpdateConfig, temperature: float,
+                distributed: Distributed) -> dict[str, _Part]:
+    """The trained rows per role, packed and planned; with ``inner_epochs > 1`` their old log-probs too, from a
+    no-grad pass before the first epoch (with one epoch they are the detached current ones)."""
+    by_role: dict[str, list[Row]] = {}
+    for r in live:
+        by_role.setdefault(r.role, []).append(r)
+    parts = {role: _part(rs, config.token_budget, distributed) for role, rs in by_role.items()}
+    if config.inner_epochs > 1:
+        with torch.no_grad():
+            for part in parts.values():
+                for mb in part.plan:
+                    for g, lps in zip(mb, packed_logprobs(model, [part.groups[g] for g in mb], token_budget=1 << 30,
+                                                          temperature=temperature,
+                                                          masks=[part.masks[g] for g in mb])):
+                        part.old[g] = [t.detach() for t in _completion_logprobs(part, g, lps)]
+    return parts
+
+
+def _over_ranks(params: list[torch.nn.Parameter], loss: float, fracs: list[float],
+                distributed: Distributed) -> tuple[float, list[float]]:
+    """One role's gradient contribution summed over the ranks before its norm and clip; its loss part summed and
+    its clip fractions gathered."""
+    if distributed.world <= 1:
+        return loss, fracs
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    distributed.all_reduce_([p.grad for p in params])
+    return distributed.sum(loss), distributed.gather(fracs)
+
+
+def _step(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], summed: list[torch.Tensor | None],
+          max_norm: float) -> float:
+    """The summed role contributions as the gradient, clipped to ``max_norm``, then one optimizer step (none on a
+    non-finite norm). Returns the norm before the clip."""
+    for p, g in zip(params, summed):
+        p.grad = g
+    norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    if math.isfinite(norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, config: UpdateConfig,
+                   temperature: float, max_grad_norm: float | None = None,
+                   role_max_grad_norm: Mapping[str, float] | None = None, row_weights: dict[str, float] | None = None,
                    distributed: Distributed | None = None,
                    entropy_coefs: Mapping[str, float] | None = None) -> dict[str, Any]:
-    """One optimizer step of one adapter (already active and trainable) on its rows. Returns diagnostics.
+    """One optimizer step of one adapter (already active and trainable) on its rows, log-probs under the rollouts'
+    sampling ``temperature``. Returns diagnostics.
 
     ``row_weights``: role -> multiplier on top of each row's own weight (role balancing). ``role_max_grad_norm``:
     role -> clip of that role's gradient contribution (roles absent: not clipped alone). ``max_grad_norm``: clip of
@@ -366,96 +465,62 @@ def update_adapter(model, optimizer: torch.optim.Optimizer, rows: list[Row], *, 
     ``distributed``: the ranks sharing the backward (see the module docstring); every rank passes all ``rows``.
     """
     distributed = distributed or SingleProcess()
-    stats: dict[str, Any] = {"rows": len(rows), "trained_rows": 0, "loss": 0.0, "grad_norm": 0.0, "clip_fraction": 0.0,
-                             "logprob_mismatch": merge_mismatch([]),
-                             "roles": {}}
-    if not rows:
-        return stats
-    total_tokens = max(sum(r.free_tokens for r in rows), 1)  # every token forced: no loss, and no 0 / 0
-    total_rows = len(rows)
-    max_tokens = max(len(r.completion_ids) for r in rows)
     coefs = entropy_coefs or {}
     live = [r for r in rows if r.advantage != 0.0 or config.beta > 0 or coefs.get(r.role, 0.0) > 0]
-    stats["trained_rows"] = len(live)
-    for r in rows:
-        role = stats["roles"].setdefault(r.role, {"rows": 0, "trained_rows": 0, "grad_norm": 0.0, "clipped": False})
-        role["rows"] += 1
+    stats = _adapter_stats(rows, live)
     if not live:
         return stats
-    by_role: dict[str, list[Row]] = {}
-    for r in live:
-        by_role.setdefault(r.role, []).append(r)
-        stats["roles"][r.role]["trained_rows"] += 1
-    parts = {role: _part(rs, config.token_budget, distributed) for role, rs in by_role.items()}
-    if config.inner_epochs > 1:
-        with torch.no_grad():
-            for part in parts.values():
-                for mb in part.plan:
-                    for g, lps in zip(mb, packed_logprobs(model, [part.groups[g] for g in mb], token_budget=1 << 30,
-                                                          temperature=config.temperature,
-                                                          masks=[part.masks[g] for g in mb])):
-                        part.old[g] = [t.detach() for t in _completion_logprobs(part, g, lps)]
+    whole = _Whole.of(rows)
+    parts = _role_parts(model, live, config=config, temperature=temperature, distributed=distributed)
 
     def weight(r: Row) -> float:
         return r.weight * (row_weights or {}).get(r.role, 1.0)
 
     params = [p for group in optimizer.param_groups for p in group["params"]]
     limits = role_max_grad_norm or {}
-    clip_fracs, losses, norm = [], [], 0.0
-    mismatch: list[dict[str, float]] = []
+    clip_fracs, losses, norm, mismatch = [], [], 0.0, []
     for epoch in range(config.inner_epochs):
         summed: list[torch.Tensor | None] = [None] * len(params)
-        for role, part in parts.items():
+        for role, part in parts.items():  # each role's contribution, clipped alone, then summed
             optimizer.zero_grad(set_to_none=True)
-            loss, fracs = _backward(model, part, config=config, weight=weight, total_tokens=total_tokens,
-                                    total_rows=total_rows, max_tokens=max_tokens,
-                                    mismatch=mismatch if epoch == 0 else None,
-                                    entropy_coef=coefs.get(role, 0.0))
-            if distributed.world > 1:  # sum this role's contribution over the ranks before its norm and clip
-                for p in params:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                distributed.all_reduce_([p.grad for p in params])
-                loss = distributed.sum(loss)
-                fracs = distributed.gather(fracs)
+            loss, fracs = _backward(model, part, config=config, temperature=temperature, weight=weight, whole=whole,
+                                    mismatch=mismatch if epoch == 0 else None, entropy_coef=coefs.get(role, 0.0))
+            loss, fracs = _over_ranks(params, loss, fracs, distributed)
             losses.append(loss)
             clip_fracs += fracs
             limit = limits.get(role, math.inf)
             role_norm = float(torch.nn.utils.clip_grad_norm_(params, limit))
             stats["roles"][role].update(grad_norm=role_norm, clipped=bool(role_norm > limit))
-            for k, p in enumerate(params):  # sum the (clipped) role contributions
+            for k, p in enumerate(params):
                 if p.grad is not None:
                     summed[k] = p.grad if summed[k] is None else summed[k] + p.grad
-        for p, g in zip(params, summed):
-            p.grad = g
-        norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm or config.max_grad_norm))
-        if math.isfinite(norm):
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    mismatch = distributed.gather(mismatch)
+        norm = _step(optimizer, params, summed, max_grad_norm or config.max_grad_norm)
     stats.update(loss=sum(losses) / config.inner_epochs, grad_norm=norm,
-                 clip_fraction=sum(clip_fracs) / max(len(clip_fracs), 1), logprob_mismatch=merge_mismatch(mismatch))
+                 clip_fraction=sum(clip_fracs) / max(len(clip_fracs), 1),
+                 logprob_mismatch=merge_mismatch(distributed.gather(mismatch)))
     return stats
 
 
 def update(policy, optimizers: AdapterOptimizers, groups: Sequence[Group], role_adapters: dict[str, str], *,
-           config, weights: Mapping[tuple, float] | None = None,
-           distributed: Distributed | None = None,
+           config: UpdateConfig, guards: GuardsConfig, temperature: float,
+           weights: Mapping[tuple, float] | None = None, distributed: Distributed | None = None,
            entropy_coefs: Mapping[str, float] | None = None) -> dict[str, dict[str, Any]]:
     """One step for every adapter in play on the groups' rows (:func:`rows_from_groups`; ``weights``: fan-out row
     weights, ``compilers.guards.fanout_weights``): :func:`update_rows`."""
     return update_rows(policy, optimizers, rows_from_groups(groups, role_adapters, weights=weights), config=config,
-                       distributed=distributed, entropy_coefs=entropy_coefs)
+                       guards=guards, temperature=temperature, distributed=distributed, entropy_coefs=entropy_coefs)
 
 
-def update_rows(policy, optimizers: AdapterOptimizers, rows: list[Row], *, config,
-                distributed: Distributed | None = None,
+def update_rows(policy, optimizers: AdapterOptimizers, rows: list[Row], *, config: UpdateConfig,
+                guards: GuardsConfig, temperature: float, distributed: Distributed | None = None,
                 entropy_coefs: Mapping[str, float] | None = None) -> dict[str, dict[str, Any]]:
-    """One step for every adapter in play; each adapter trains only on its own rows, with its own optimizer.
+    """One step for every adapter in play; each adapter trains only on its own rows, with its own optimizer, its
+    log-probs under the rollouts' sampling ``temperature``.
 
-    With ``config.role_balance``, adapters with rows of several roles are balanced
-    (``compilers.guards.balance_weights``); with ``config.role_clip``, each role's contribution is clipped at
-    ``config.role_max_grad_norm.get(role, config.max_grad_norm)``.
+    Guards: with ``guards.role_balance``, adapters with rows of several roles are balanced
+    (``compilers.guards.balance_weights``, each role's mass counted in the aggregation's unit); with
+    ``guards.role_clip``, each role's contribution is clipped at ``guards.role_max_grad_norm.get(role,
+    config.max_grad_norm)``.
     Per adapter, the stats add ``roles``: role -> ``mass_share`` (share of the adapter's gradient mass after all
     weights), ``mass_share_raw`` (before role balancing), ``balance_weight``, and the per-role gradient stats.
     Runs under ``policy.training()`` (its lock: no colocated generation sees a half-updated adapter; bf16 autocast
@@ -465,19 +530,19 @@ def update_rows(policy, optimizers: AdapterOptimizers, rows: list[Row], *, confi
     """
     if any(r.grammar is not None for r in rows):
         attach_masks(rows, policy.grammar_masks)
-    unit = "rows" if config.loss_aggregation == "sequence" else "tokens"
     out = {}
     with policy.training() as model:
         for adapter, optimizer in optimizers.optimizers.items():
             mine = [r for r in rows if r.adapter == adapter]
-            mass = role_mass(mine, unit=unit, beta=config.beta)
-            balance = (balance_weights(mass, cap=config.role_share_cap)
-                       if config.role_balance and sum(m > 0 for m in mass.values()) > 1 else {r: 1.0 for r in mass})
-            limits = ({role: config.role_max_grad_norm.get(role, config.max_grad_norm) for role in mass}
-                      if config.role_clip else {})
+            mass = role_mass(mine, unit=config.aggregation.unit, beta=config.beta)
+            balance = (balance_weights(mass, cap=guards.role_share_cap)
+                       if guards.role_balance and sum(m > 0 for m in mass.values()) > 1 else {r: 1.0 for r in mass})
+            limits = ({role: guards.role_max_grad_norm.get(role, config.max_grad_norm) for role in mass}
+                      if guards.role_clip else {})
             model.set_adapter(adapter)  # only this adapter is active and trainable
-            st = update_adapter(model, optimizer, mine, config=config, role_max_grad_norm=limits, row_weights=balance,
-                                distributed=distributed, entropy_coefs=entropy_coefs)
+            st = update_adapter(model, optimizer, mine, config=config, temperature=temperature,
+                                role_max_grad_norm=limits, row_weights=balance, distributed=distributed,
+                                entropy_coefs=entropy_coefs)
             total, raw_total = sum(mass[r] * balance[r] for r in mass), sum(mass.values())
             for role in mass:
                 st["roles"].setdefault(role, {}).update(
@@ -490,10 +555,11 @@ def update_rows(policy, optimizers: AdapterOptimizers, rows: list[Row], *, confi
     return out
 
 
-def completion_nll(policy, rows: list[Row], *, config) -> list[tuple[float, int]]:
+def completion_nll(policy, rows: list[Row], *, config: UpdateConfig, temperature: float) -> list[tuple[float, int]]:
     """Per row, in order: (the summed negative log-likelihood of its completion's free tokens, their count) under
-    its adapter, at ``config.temperature`` as the update computes log-probs (packed, grammar-masked; a choice row's
-    among its choices). No gradient; every rank computes all rows."""
+    its adapter, at the rollouts' sampling ``temperature`` as the update computes log-probs (packed in
+    ``config.token_budget``, grammar-masked; a choice row's among its choices). No gradient; every rank computes
+    all rows."""
     if any(r.grammar is not None for r in rows):
         attach_masks(rows, policy.grammar_masks)
     out: list[tuple[float, int]] = [(0.0, 0)] * len(rows)
@@ -504,7 +570,7 @@ def completion_nll(policy, rows: list[Row], *, config) -> list[tuple[float, int]
             model.set_adapter(adapter)
             for mb in part.plan:
                 lps = packed_logprobs(model, [part.groups[g] for g in mb], token_budget=1 << 30,
-                                      temperature=config.temperature, masks=[part.masks[g] for g in mb])
+                                      temperature=temperature, masks=[part.masks[g] for g in mb])
                 for g, group_lps in zip(mb, lps):
                     for j, t in zip(part.packs[g][1], _completion_logprobs(part, g, group_lps)):
                         row = part.rows[j]

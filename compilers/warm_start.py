@@ -14,7 +14,7 @@ successes per role, first ones kept (``capped`` counts the rest), so examples th
 do not fill the batches; a frozen role's calls (not in ``roles``) are never successes.
 
 The loss (the convention): each success is a :class:`compilers.update.Row` with advantage 1, weight 1 and no engine
-log-probs (no importance weight), trained under :func:`sft_config` (one inner epoch, ``beta`` 0, ``token``
+log-probs (no importance weight), trained under :func:`sft_sections` (one inner epoch, ``beta`` 0, ``token``
 aggregation, no role balancing: a mini-batch's mix of roles is chance). With one inner epoch the ratio is exactly 1,
 so the clipped surrogate's gradient is that of the negative log-likelihood of the successes' free tokens (a grammar's
 forced tokens carry none), token-mean over the mini-batch, under the sampling temperature. The reported SFT loss is
@@ -27,6 +27,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from compilers.config import GuardsConfig, UpdateConfig, WarmStartConfig
 from compilers.credit import FULL_MARKS
 from compilers.distributed import Distributed
 from compilers.update import AdapterOptimizers, Row, completion_nll, update_rows
@@ -136,25 +137,28 @@ def nll_by_role(rows: Sequence[Row], per_row: Sequence[tuple[float, int]]) -> di
     return {k: (s / n if n else None) for k, (s, n) in sums.items()}
 
 
-def sft_config(config):
-    """``config`` (an :class:`~compilers.config.MMGRPOConfig`) as the warm start trains under (module doc)."""
-    return config.model_copy(update={"importance_correction": "none", "inner_epochs": 1, "beta": 0.0,
-                                     "loss_aggregation": "token", "role_balance": False})
+def sft_sections(update: UpdateConfig, guards: GuardsConfig) -> tuple[UpdateConfig, GuardsConfig]:
+    """The update's and the guards' sections as the warm start trains under them (module doc)."""
+    return (update.model_copy(update={"importance_correction": "none", "inner_epochs": 1, "beta": 0.0,
+                                      "loss_aggregation": "token"}),
+            guards.model_copy(update={"role_balance": False}))
 
 
-def fine_tune(policy, rows: list[Row], *, config, rates: Mapping[str, float], distributed: Distributed,
-              ) -> dict[str, Any]:
-    """``config.warm_start_epochs`` epochs over ``rows`` in seeded batches of ``config.warm_start_batch``, one
-    optimizer step per batch and adapter, with AdamW states of their own (GRPO's optimizers stay untouched).
+def fine_tune(policy, rows: list[Row], *, config: WarmStartConfig, update: UpdateConfig, guards: GuardsConfig,
+              temperature: float, seed: int, rates: Mapping[str, float], distributed: Distributed) -> dict[str, Any]:
+    """``config.warm_start_epochs`` epochs over ``rows`` in batches of ``config.warm_start_batch`` (seeded by
+    ``seed``), one optimizer step per batch and adapter under :func:`sft_sections` of ``update`` and ``guards``, at
+    the rollouts' sampling ``temperature``, with AdamW states of their own (GRPO's optimizers stay untouched).
     ``rates``: adapter -> learning rate. Returns ``optimizer_steps``, ``loss_before``, ``loss_after``
     (:func:`nll_by_role`)."""
-    sft = sft_config(config)
+    sft, sft_guards = sft_sections(update, guards)
     optimizers = AdapterOptimizers(policy, list(rates), lr=dict(rates))
-    before = nll_by_role(rows, completion_nll(policy, rows, config=sft))
+    before = nll_by_role(rows, completion_nll(policy, rows, config=sft, temperature=temperature))
     steps = 0
     for epoch in range(config.warm_start_epochs):
-        for idx in batches(len(rows), config.warm_start_batch, seed=derive_seed(config.seed, "warm_start", epoch)):
-            update_rows(policy, optimizers, [rows[i] for i in idx], config=sft, distributed=distributed)
+        for idx in batches(len(rows), config.warm_start_batch, seed=derive_seed(seed, "warm_start", epoch)):
+            update_rows(policy, optimizers, [rows[i] for i in idx], config=sft, guards=sft_guards,
+                        temperature=temperature, distributed=distributed)
             steps += 1
-    after = nll_by_role(rows, completion_nll(policy, rows, config=sft))
+    after = nll_by_role(rows, completion_nll(policy, rows, config=sft, temperature=temperature))
     return {"optimizer_steps": steps, "loss_before": before, "loss_after": after}

@@ -9,7 +9,7 @@ import torch
 from compilers import MMGRPO
 from compilers.advantages import group_advantages
 from compilers.backends import BackendPlan, adapter_name, resolve_backend
-from compilers.config import MMGRPOConfig
+from compilers.config import GuardsConfig, MMGRPOConfig, UpdateConfig
 from compilers.group import build_groups
 from compilers.score import score_rollout
 from compilers.update import AdapterOptimizers, adapter_parameters, update
@@ -103,7 +103,8 @@ def test_update_trains_only_the_roles_adapter(engine):
         g.advantages = group_advantages(g.rewards, "dr_grpo").advantages
     assert any(a != 0 for g in groups for a in g.advantages), "the metric must spread the rewards"
     before = {a: adapter_state(engine.policy.model, a) for a in roles.values()}
-    stats = update(engine.policy, optimizers, groups, roles, config=cfg)
+    stats = update(engine.policy, optimizers, groups, roles, config=cfg.section(UpdateConfig),
+                   guards=cfg.section(GuardsConfig), temperature=cfg.temperature)
     after = {a: adapter_state(engine.policy.model, a) for a in roles.values()}
     assert stats["second"]["rows"] == 0 and stats["first"]["trained_rows"] > 0
     assert all(torch.equal(before["second"][k], after["second"][k]) for k in before["second"])

@@ -51,7 +51,9 @@ def _step(policy, start, groups, role_adapters, *, sgd=False, weights=None, **co
     optimizers = AdapterOptimizers(policy, ["shared"], lr=1e-3)
     if sgd:  # the change is then minus the summed, weighted gradient
         optimizers.optimizers["shared"] = torch.optim.SGD(adapter_parameters(policy.model, "shared"), lr=1.0)
-    stats = update(policy, optimizers, groups, role_adapters, config=cfg, weights=weights)["shared"]
+    sections = cfg.sections()
+    stats = update(policy, optimizers, groups, role_adapters, config=sections.update, guards=sections.guards,
+                   temperature=sections.sampling.temperature, weights=weights)["shared"]
     after = policy.adapter_state("shared")
     return stats, torch.cat([(after[k] - start[k]).flatten() for k in sorted(start)])
 

@@ -281,7 +281,7 @@ def test_cliff_guard_off_records_nothing(engine, tmp_path, monkeypatch):
 def test_per_role_clipping_clips_each_contribution_before_summing(engine):
     from peft import LoraConfig
 
-    from compilers.config import MMGRPOConfig
+    from compilers.config import UpdateConfig
     from compilers.update import update_adapter
 
     engine.policy.add_adapter("x", LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
@@ -291,12 +291,13 @@ def test_per_role_clipping_clips_each_contribution_before_summing(engine):
     start = adapter_state(model, "x")
     rows = [Row("x", "a", tuple(range(10, 20)), [30, 31, 32, 33], 1.0),
             Row("x", "a", tuple(range(10, 20)), [40, 41], -1.0), Row("x", "b", tuple(range(50, 58)), [60, 61, 62], 0.5)]
-    cfg = MMGRPOConfig(max_grad_norm=1e9)
+    cfg = UpdateConfig(max_grad_norm=1e9)
 
     def delta(limits):  # SGD with lr 1: the parameter change is minus the summed, clipped gradient
         restore_adapter(model, "x", start)
         before = [p.detach().clone() for p in params]
-        stats = update_adapter(model, torch.optim.SGD(params, lr=1.0), rows, config=cfg, role_max_grad_norm=limits)
+        stats = update_adapter(model, torch.optim.SGD(params, lr=1.0), rows, config=cfg, temperature=1.0,
+                               role_max_grad_norm=limits)
         return torch.cat([(b - p.detach()).flatten() for b, p in zip(before, params)]), stats
 
     full, st = delta({})
@@ -341,7 +342,7 @@ def test_entropy_floor_raises_a_collapsed_roles_entropy(tiny_handle):
     signal does)."""
     import copy
 
-    from compilers.config import MMGRPOConfig
+    from compilers.config import MMGRPOConfig, UpdateConfig
     from compilers.packing import packed_logprobs
     from compilers.update import AdapterOptimizers, update_adapter
     from peft import get_peft_model
@@ -361,9 +362,10 @@ def test_entropy_floor_raises_a_collapsed_roles_entropy(tiny_handle):
 
     opt = AdapterOptimizers(model, ["default"], lr=cfg.learning_rate)
     before = mean_entropy()
-    st = update_adapter(model, opt.optimizers["default"], rows, config=cfg)
+    st = update_adapter(model, opt.optimizers["default"], rows, config=cfg.section(UpdateConfig), temperature=1.0)
     assert st["trained_rows"] == 0 and mean_entropy() == before  # no advantage, no bonus: no update
-    st = update_adapter(model, opt.optimizers["default"], rows, config=cfg, entropy_coefs={"voter": 1.0})
+    st = update_adapter(model, opt.optimizers["default"], rows, config=cfg.section(UpdateConfig), temperature=1.0,
+                        entropy_coefs={"voter": 1.0})
     assert st["trained_rows"] == 3
     assert mean_entropy() > before + 1e-4
 

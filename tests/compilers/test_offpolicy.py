@@ -50,7 +50,7 @@ def test_update_weights_the_policy_term_by_the_truncated_ratio(engine):
     SGD step doubles; with the correction off it is the plain step again, and the mismatch is reported either way."""
     from peft import LoraConfig
 
-    from compilers.config import MMGRPOConfig
+    from compilers.config import UpdateConfig
     from compilers.packing import packed_logprobs
     from compilers.update import update_adapter
 
@@ -66,9 +66,10 @@ def test_update_weights_the_policy_term_by_the_truncated_ratio(engine):
     def delta(engine_lps, **cfg):
         restore_adapter(model, "x", start)
         before = [p.detach().clone() for p in params]
-        config = MMGRPOConfig(max_grad_norm=1e9, temperature=0.7, **cfg)
+        config = UpdateConfig(max_grad_norm=1e9, **cfg)
         stats = update_adapter(model, torch.optim.SGD(params, lr=1.0), [Row("x", "a", prompt, completion, 1.0, 1.0,
-                                                                            engine_lps)], config=config)
+                                                                            engine_lps)], config=config,
+                               temperature=0.7)
         return torch.cat([(b - p.detach()).flatten() for b, p in zip(before, params)]), stats
 
     plain, st_plain = delta(None)

@@ -11,7 +11,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 import compilers.update as update_mod
-from compilers.config import MMGRPOConfig
+from compilers.config import UpdateConfig
 from compilers.packing import row_cost
 from compilers.update import Row, _packs, update_adapter
 
@@ -69,13 +69,13 @@ def test_a_shared_prefix_pack_trains_exactly_as_the_rows_apart(tiny_handle, monk
                            LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     params = [p for n, p in model.named_parameters() if "lora_" in n]
     start = [p.detach().clone() for p in params]
-    config = MMGRPOConfig(max_grad_norm=1e9, temperature=0.7, loss_aggregation=aggregation)
+    config = UpdateConfig(max_grad_norm=1e9, loss_aggregation=aggregation)
 
     def delta() -> tuple[torch.Tensor, float]:
         with torch.no_grad():
             for p, s in zip(params, start):
                 p.copy_(s)
-        stats = update_adapter(model, torch.optim.SGD(params, lr=1.0), _rows(), config=config)
+        stats = update_adapter(model, torch.optim.SGD(params, lr=1.0), _rows(), config=config, temperature=0.7)
         return torch.cat([(s - p.detach()).flatten() for s, p in zip(start, params)]), stats["loss"]
 
     shared, loss_shared = delta()

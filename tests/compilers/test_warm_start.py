@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from compilers import MMGRPO
-from compilers.config import MMGRPOConfig
+from compilers.config import MMGRPOConfig, UpdateConfig
 from compilers.loop import CompileRun
 from compilers.loss import policy_loss
 from compilers.packing import naive_logprobs
 from compilers.update import Row, completion_nll
-from compilers.warm_start import (Harvest, batches, nll_by_role, passes, role_counts, run_counts, sft_config, sft_rows,
-                                  successes)
+from compilers.warm_start import (Harvest, batches, nll_by_role, passes, role_counts, run_counts, sft_rows,
+                                  sft_sections, successes)
 from programs import Single, Voting
 from tiny_setup import SIG, TRAIN, length_metric, tiny_config
 from wfc.engines.hf import HFEngine
@@ -120,9 +120,13 @@ def test_the_loss_convention_advantage_one_ratio_one_is_token_mean_nll():
     # two rows, three completion tokens: the gradient of the surrogate at ratio 1 is that of -sum(logprobs) / 3
     lp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]], requires_grad=True)
     mask = torch.tensor([[True, True, False], [True, False, False]])
-    cfg = sft_config(MMGRPOConfig(importance_correction="tis", inner_epochs=3, beta=0.1, loss_aggregation="sequence"))
-    assert (cfg.importance_correction, cfg.inner_epochs, cfg.beta, cfg.loss_aggregation, cfg.role_balance) == \
+    grpo = MMGRPOConfig(importance_correction="tis", inner_epochs=3, beta=0.1, loss_aggregation="sequence",
+                        role_share_cap=0.6).sections()
+    cfg, guards = sft_sections(grpo.update, grpo.guards)
+    assert (cfg.importance_correction, cfg.inner_epochs, cfg.beta, cfg.loss_aggregation, guards.role_balance) == \
         ("none", 1, 0.0, "token", False)
+    assert cfg.correction.name == "none" and cfg.aggregation.name == "token"  # the objects follow the names
+    assert guards.role_clip and guards.role_share_cap == 0.6  # the other guards as GRPO's
     loss, st = policy_loss(lp, lp.detach(), torch.ones(2), mask, aggregation=cfg.loss_aggregation)
     loss.backward()
     third = -1 / 3
@@ -149,8 +153,7 @@ def test_completion_nll_is_the_naive_log_likelihood_of_free_tokens():
     rows = [Row("w", "A", tuple(range(10, 30)), [40, 41, 42], 1.0), Row("w", "A", tuple(range(10, 30)), [50], 1.0),
             Row("w", "B", tuple(range(60, 70)), [71, 72], 1.0)]
     rows[2].free = [True, False]  # the second token forced by a grammar: no weight
-    cfg = MMGRPOConfig(temperature=0.7)
-    got = completion_nll(policy, rows, config=cfg)
+    got = completion_nll(policy, rows, config=UpdateConfig(), temperature=0.7)
     with torch.no_grad():
         ref = [naive_logprobs(policy.model, [(list(r.prompt_ids), [r.completion_ids])], temperature=0.7)[0][0]
                for r in rows]

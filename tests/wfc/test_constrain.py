@@ -12,7 +12,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from pydantic import BaseModel
 
-from compilers.config import MMGRPOConfig
+from compilers.config import UpdateConfig
 from compilers.update import Row, attach_masks, update_adapter
 from compilers.packing import packed_logprobs
 from wfc.adapter import CompactChatAdapter
@@ -178,7 +178,7 @@ def test_forced_tokens_carry_no_weight_in_the_update(tiny_handle):
                            LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     params = [p for n, p in model.named_parameters() if "lora_" in n]
     start = [p.detach().clone() for p in params]
-    config = MMGRPOConfig(max_grad_norm=1e9, temperature=1.0)
+    config = UpdateConfig(max_grad_norm=1e9)
 
     def step(free_override=None):
         with torch.no_grad():
@@ -189,7 +189,7 @@ def test_forced_tokens_carry_no_weight_in_the_update(tiny_handle):
         attach_masks([row], masks)
         if free_override is not None:
             row.free = free_override
-        stats = update_adapter(model, torch.optim.SGD(params, lr=1.0), [row], config=config)
+        stats = update_adapter(model, torch.optim.SGD(params, lr=1.0), [row], config=config, temperature=1.0)
         return torch.cat([(s - p.detach()).flatten() for s, p in zip(start, params)]), row, stats
 
     delta, row, stats = step()
