@@ -2,8 +2,8 @@
 
 A :class:`CompileRun` holds what the setup stages build (the program copy, the ranks, the policy and the engine, the
 backend plan, the sampler, the optimizers, the log) and a :class:`RunState` beside it: what changes from step to
-step. ``RunState.loop`` is the checkpointed part (:class:`compilers.checkpoint.LoopState`, whose format the
-checkpoint owns); the rest of it is rebuilt by every compile, resumed or not. One training step is the stages
+step. ``RunState.loop`` is the checkpointed part (:class:`compilers.state.LoopState`, in its own module beside
+this one; the checkpoint writes and reads it); the rest of it is rebuilt by every compile, resumed or not. One training step is the stages
 :meth:`~CompileRun.collect` (roll out, score, credit, dynamic sampling), :meth:`~CompileRun.group`
 (groups and advantages), :meth:`~CompileRun.schedule_lr`, :meth:`~CompileRun.update`,
 :meth:`~CompileRun.hand_off` and :meth:`~CompileRun.after_step` (log, validation, keep-best, cliff guard,
@@ -64,6 +64,7 @@ from compilers.runlog import RunLog
 from compilers.sampling import PromptSampler, adaptive_group_sizes, signal_examples
 from compilers.schedule import lr_multiplier
 from compilers.score import score_rollout
+from compilers.state import LoopState
 from compilers.update import AdapterOptimizers, adapter_parameters
 from compilers.warm_start import Harvest, fine_tune, role_counts, run_counts, sft_rows, successes
 from wfc.artifact import CompiledProgram, Manifest, package_versions
@@ -84,7 +85,7 @@ class RunState:
     """The compile loop's state: ``loop``, the bookkeeping a checkpoint saves and a resume restores (history,
     evaluations, events, revisions, best, rollback, tokens spent), and what every compile rebuilds."""
 
-    loop: ckpt.LoopState = field(default_factory=ckpt.LoopState)
+    loop: LoopState = field(default_factory=LoopState)
     steps: int = 0  # the last step: the config's, 0 under strategy "p", cut where the token budget runs out
     handed: dict[str, int] = field(default_factory=dict)  # adapter -> the revision the engine holds
     revision_files: ckpt.RevisionFiles = field(default_factory=ckpt.RevisionFiles)  # revisions already on disk
