@@ -3,7 +3,8 @@
 A :class:`CompileRun` holds what the setup stages build (the program copy, the ranks, the policy and the engine, the
 backend plan, the sampler, the optimizers, the log) and a :class:`RunState` beside it: what changes from step to
 step. ``RunState.loop`` is the checkpointed part (:class:`compilers.state.LoopState`, in its own module beside
-this one; the checkpoint writes and reads it); the rest of it is rebuilt by every compile, resumed or not. One training step is the stages
+this one; the checkpoint writes and reads it); the rest of it is rebuilt by every compile, resumed or not. One
+training step is the stages
 :meth:`~CompileRun.collect` (roll out, score, credit, dynamic sampling), :meth:`~CompileRun.group`
 (groups and advantages), :meth:`~CompileRun.schedule_lr`, :meth:`~CompileRun.update`,
 :meth:`~CompileRun.hand_off` and :meth:`~CompileRun.after_step` (log, validation, keep-best, cliff guard,
