@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import statistics
 import time
@@ -35,23 +34,12 @@ from compilers import MMGRPO, evaluate
 from compilers.presets import arithmetic
 from compilers.recipes import get_recipe
 from compilers.runs import rollout_tokens
+from compilers.suite_report import seed_interval
 from wfc.engines.hf import HFEngine
 from wfc.flags import add_set_flag, add_stop_flags, apply_overrides, parse_set, stop_from_args
 from wfc.tasks.math import math_metric
 
 ROOT = Path(__file__).resolve().parents[1]
-
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
-def t_interval(values: list[float]) -> tuple[float, float, float]:
-    """(mean, low, high): the 95% Student-t interval of the mean over seeds."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, mean, mean
-    half = T95.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
-    return mean, mean - half, mean + half
-
 
 def demo_recipe() -> str:
     """The recipe ``make demo`` runs: ``WFC_DEMO_RECIPE`` when set, else the demo preset's."""
@@ -120,7 +108,7 @@ def report(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|"]
     for arm in arms:
         mine = [r for r in rows if r["arm"] == arm]
-        mean, lo, hi = t_interval([r["accuracy"] for r in mine])
+        mean, lo, hi = seed_interval([r["accuracy"] for r in mine])
         lines.append(f"| {arm} | {','.join(str(r['seed']) for r in mine)} | {mean:.3f} [{lo:.3f}, {hi:.3f}] | "
                      f"{statistics.fmean(r['baseline'] for r in mine):.3f} | "
                      f"{statistics.fmean(r['tokens'] for r in mine):.0f} | "
@@ -131,7 +119,7 @@ def report(rows: list[dict]) -> str:
             continue
         paired = [wf[r["seed"]] - r["accuracy"] for r in rows if r["arm"] == arm and r["seed"] in wf]
         if paired:
-            mean, lo, hi = t_interval(paired)
+            mean, lo, hi = seed_interval(paired)
             lines.append(f"\nworkflow - {arm}: {mean:+.3f} [{lo:+.3f}, {hi:+.3f}] (paired by seed, n={len(paired)})")
     return "\n".join(lines)
 

@@ -32,7 +32,7 @@ import typing
 from dataclasses import dataclass
 from typing import Literal, Mapping, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from compilers.advantages import ADVANTAGES, Estimator
 from compilers.credit import CREDIT, Credit
@@ -41,6 +41,12 @@ from compilers.loss import AGGREGATIONS, Aggregation
 from compilers.offpolicy import CORRECTIONS, ImportanceCorrection
 from compilers.prompts import STRATEGIES, Strategy
 from compilers.schedule import SCHEDULES
+
+
+# field -> the registry its value names (each checked by its section's validator, looked up once by the stage)
+REGISTRIES: dict[str, Mapping[str, object]] = {
+    "credit": CREDIT, "grouping": GROUPING, "advantage": ADVANTAGES, "lr_schedule": SCHEDULES,
+    "loss_aggregation": AGGREGATIONS, "importance_correction": CORRECTIONS, "strategy": STRATEGIES}
 
 
 def registered(field: str, value: str, registry: Mapping[str, object]) -> str:
@@ -255,20 +261,10 @@ class CreditConfig(Section):
         False, description="scale each role's advantages to unit RMS over the step (Dr.MAS): no role's reward scale "
                            "dominates a shared adapter")
 
-    @field_validator("credit")
+    @field_validator("credit", "grouping", "advantage")
     @classmethod
-    def _credit(cls, v: str) -> str:
-        return registered("credit", v, CREDIT)
-
-    @field_validator("grouping")
-    @classmethod
-    def _grouping(cls, v: str) -> str:
-        return registered("grouping", v, GROUPING)
-
-    @field_validator("advantage")
-    @classmethod
-    def _advantage(cls, v: str) -> str:
-        return registered("advantage", v, ADVANTAGES)
+    def _credit_variants(cls, v: str, info: ValidationInfo) -> str:
+        return registered(info.field_name, v, REGISTRIES[info.field_name])
 
     @model_validator(mode="after")
     def _check_credit(self):
@@ -318,20 +314,10 @@ class UpdateConfig(Section):
                            "(compilers.offpolicy.CORRECTIONS)")
     tis_cap: float = Field(2.0, gt=0.0, description="cap of the truncated importance weights")
 
-    @field_validator("lr_schedule")
+    @field_validator("lr_schedule", "loss_aggregation", "importance_correction")
     @classmethod
-    def _lr_schedule(cls, v: str) -> str:
-        return registered("lr_schedule", v, SCHEDULES)
-
-    @field_validator("loss_aggregation")
-    @classmethod
-    def _loss_aggregation(cls, v: str) -> str:
-        return registered("loss_aggregation", v, AGGREGATIONS)
-
-    @field_validator("importance_correction")
-    @classmethod
-    def _importance_correction(cls, v: str) -> str:
-        return registered("importance_correction", v, CORRECTIONS)
+    def _update_variants(cls, v: str, info: ValidationInfo) -> str:
+        return registered(info.field_name, v, REGISTRIES[info.field_name])
 
     @property
     def aggregation(self) -> Aggregation:

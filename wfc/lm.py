@@ -33,7 +33,7 @@ from dspy.lm15 import Message, Response, TextPart, Usage
 from wfc.constrain import react_tools
 from wfc.engines.base import Engine, GenerationRequest, SamplingParams
 from wfc.engines.hf import HFEngine
-from wfc.lower import Decoding, call_grammar
+from wfc.lower import Decoding, call_grammar, request_messages
 
 _MAX_FRAMES = 64  # how far up the stack a call looks for the DSPy adapter that made it
 
@@ -91,7 +91,7 @@ class _Bridge:
         return self  # a handle: programs copied by optimizers keep calling the one resident engine
 
     def complete(self, request):
-        messages = _messages(request)
+        messages = request_messages(request)
         cfg = request.config
         sampling = SamplingParams(temperature=cfg.temperature or 0.0, max_tokens=cfg.max_tokens or 256,
                                   top_p=cfg.top_p or 1.0, stop=tuple(cfg.stop or ()))
@@ -111,15 +111,6 @@ class _Bridge:
 
     def close(self) -> None:
         pass  # the engine belongs to whoever made it
-
-
-def _messages(request) -> list[dict[str, str]]:
-    out = []
-    if request.system is not None:
-        system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system)
-        out.append({"role": "system", "content": system})
-    out.extend({"role": m.role, "content": m.text or ""} for m in request.messages)
-    return out
 
 
 class LocalLM(dspy.LM):

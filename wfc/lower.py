@@ -149,7 +149,8 @@ class _Recorder:
             return next(self._clock)
 
 
-def _messages(request) -> list[dict[str, str]]:
+def request_messages(request) -> list[dict[str, str]]:
+    """A DSPy engine request's system prompt and turns as chat messages (the system text joined from its parts)."""
     out = []
     if request.system is not None:
         system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system)
@@ -177,7 +178,7 @@ class RoleEngine:
     def complete(self, request):
         if self.stop:
             raise RolloutStop(self.role)
-        messages = _messages(request)
+        messages = request_messages(request)
         cfg = request.config
         parser = self._parser()
         sampling = self.sampling.model_copy(update={
