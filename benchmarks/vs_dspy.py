@@ -3,8 +3,8 @@ same engine and DSPy adapter, same greedy held-out evaluation (``compilers.evalu
 
 Arms: ``uncompiled``; ``labeled`` (LabeledFewShot); ``bfrs`` (BootstrapFewShotWithRandomSearch); ``mipro``
 (MIPROv2, auto="light"); ``gepa`` (GEPA, auto="light"; its reflection LM is the same local model unless
-``--reflection-model``); ``finetune`` (BootstrapFinetune, where DSPy can fine-tune the local LM); ``mmgrpo`` (the
-demo's recipe); ``together`` (dspy.BetterTogether: the prompt arm best on the validation set, then MMGRPO). DSPy's
+``--reflection-model``); ``finetune`` (BootstrapFinetune, its LoRA trained on the local model through
+``compilers.finetune``); ``mmgrpo`` (the demo's recipe); ``together`` (dspy.BetterTogether: the prompt arm best on the validation set, then MMGRPO). DSPy's
 optimizers run on :class:`wfc.lm.LocalLM` handles of the one engine, under wfc's compact adapter (the one the demo's
 artifact runs with), with DSPy's defaults otherwise.
 
@@ -29,6 +29,7 @@ from typing import Any, Callable
 import dspy
 
 from compilers import MMGRPO, evaluate
+from compilers.finetune import finetunable
 from compilers.presets import arithmetic
 from compilers.recipes import get_recipe
 from wfc.adapter import CompactChatAdapter
@@ -46,12 +47,14 @@ def gepa_metric(gold, pred, trace=None, pred_name=None, pred_trace=None):
     return arithmetic.metric()(gold, pred, trace)
 
 
-def prompt_optimizer(name: str, *, seed: int, lm: LocalLM, reflection: LocalLM) -> dspy.teleprompt.Teleprompter:
+def prompt_optimizer(name: str, *, seed: int, lm: LocalLM, reflection: LocalLM,
+                     bfrs_candidates: int = 16) -> dspy.teleprompt.Teleprompter:
     metric = arithmetic.metric()
     if name == "labeled":
         return dspy.LabeledFewShot()
     if name == "bfrs":
-        return dspy.BootstrapFewShotWithRandomSearch(metric, num_threads=THREADS)
+        return dspy.BootstrapFewShotWithRandomSearch(metric, num_threads=THREADS,
+                                                     num_candidate_programs=bfrs_candidates)
     if name == "mipro":
         return dspy.MIPROv2(metric, auto="light", prompt_model=reflection, task_model=lm, num_threads=THREADS,
                             seed=seed)
@@ -70,16 +73,21 @@ def compile_kwargs(optimizer, trainset, valset, seed: int) -> dict[str, Any]:
 
 
 def held_out(program: dspy.Module, examples, engine, max_tokens: int) -> dict[str, Any]:
-    """Greedy accuracy and interval of a plain program (base weights) or a CompiledProgram (its adapters)."""
-    inner, roles = (program.program, program.roles) if isinstance(program, CompiledProgram) else (program, {})
+    """Greedy accuracy and interval of a CompiledProgram (its adapters) or a plain program (each predictor on its
+    LocalLM's adapter: the base, or what BootstrapFinetune trained)."""
+    if isinstance(program, CompiledProgram):
+        inner, roles = program.program, program.roles
+    else:
+        inner, roles = program, {path: p.lm.adapter for path, p in program.named_predictors()
+                                 if isinstance(p.lm, LocalLM)}
     out = evaluate(inner, examples, engine, metric=arithmetic.metric(), adapters=roles, max_tokens=max_tokens)
     return {"accuracy": out["accuracy"], "interval": list(out["interval"])}
 
 
 class Bench:
     def __init__(self, seed: int, out: Path, reflection_model: str | None, *, model: str = "smollm2-135m",
-                 limit: int | None = None, steps: int = arithmetic.STEPS):
-        self.seed, self.out, self.picked = seed, out, None
+                 limit: int | None = None, steps: int = arithmetic.STEPS, bfrs_candidates: int = 16):
+        self.seed, self.out, self.picked, self.bfrs_candidates = seed, out, None, bfrs_candidates
         self.rows: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
         task = arithmetic.demo_task()
         self.trainset, self.valset, self.testset = (list(s[:limit]) if limit else list(s)
@@ -90,9 +98,9 @@ class Bench:
         self.lm = LocalLM(self.engine, max_tokens=self.max_tokens)
         self.reflection = LocalLM(reflection_model or self.engine, max_tokens=256, temperature=1.0)
 
-    def student(self) -> dspy.Module:
+    def student(self, lm: LocalLM | None = None) -> dspy.Module:
         program = arithmetic.program()
-        program.set_lm(self.lm)
+        program.set_lm(lm or self.lm)
         return program
 
     def run(self, name: str, build: Callable[[], dspy.Module]) -> None:
@@ -108,8 +116,11 @@ class Bench:
             counts = {k: self.engine.stats[k] - before[k] for k in ("rows", "prompt_tokens", "completion_tokens")}
             row = {"minutes": round(minutes, 2), "lm_calls": counts["rows"], "prompt_tokens": counts["prompt_tokens"],
                    "completion_tokens": counts["completion_tokens"],
+                   "load_15m": round(os.getloadavg()[2], 1),  # wall minutes mean little on a busy machine
                    "val": held_out(program, self.valset, self.engine, self.max_tokens)["accuracy"],
                    **held_out(program, self.testset, self.engine, self.max_tokens)}
+            if name == "bfrs":
+                row["num_candidate_programs"] = self.bfrs_candidates
             if isinstance(program, CompiledProgram):
                 row["adapters"] = sorted(set(program.roles.values()) - {None})
             if name == "together":  # the prompt arm it ran first, and the candidate BetterTogether returned
@@ -128,11 +139,12 @@ class Bench:
         if name == "uncompiled":
             return self.student
         if name in PROMPT_ARMS:
-            opt = prompt_optimizer(name, seed=self.seed, lm=self.lm, reflection=self.reflection)
+            opt = prompt_optimizer(name, seed=self.seed, lm=self.lm, reflection=self.reflection,
+                                   bfrs_candidates=self.bfrs_candidates)
             return lambda: opt.compile(self.student(), **compile_kwargs(opt, train, val, self.seed))
-        if name == "finetune":
+        if name == "finetune":  # DSPy's rejection-sampling fine-tune, its LoRA trained on the local model
             opt = dspy.BootstrapFinetune(arithmetic.metric(), num_threads=THREADS)
-            return lambda: opt.compile(self.student(), trainset=train)
+            return lambda: opt.compile(self.student(finetunable(self.lm)), trainset=train)
         if name == "mmgrpo":
             return lambda: MMGRPO(arithmetic.metric(), **self.recipe).compile(
                 self.student(), trainset=train, valset=val, run_dir=Path("runs") / f"vs-dspy-mmgrpo-{self.seed}")
@@ -146,7 +158,8 @@ class Bench:
             raise ValueError("run at least one prompt arm before 'together' (it picks the best on validation)")
         best = max(ran, key=ran.get)
         self.picked = best
-        p = prompt_optimizer(best, seed=self.seed, lm=self.lm, reflection=self.reflection)
+        p = prompt_optimizer(best, seed=self.seed, lm=self.lm, reflection=self.reflection,
+                             bfrs_candidates=self.bfrs_candidates)
         w = MMGRPO(arithmetic.metric(), **self.recipe)
         return dspy.BetterTogether(arithmetic.metric(), p=p, w=w).compile(
             self.student(), trainset=self.trainset, valset=self.valset, strategy="p -> w",
@@ -164,11 +177,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="smollm2-135m", help="the base model (tests: tiny)")
     ap.add_argument("--limit", type=int, default=None, help="use the first N examples of each split (smoke runs)")
     ap.add_argument("--steps", type=int, default=arithmetic.STEPS, help="MMGRPO's steps (the demo's by default)")
+    ap.add_argument("--bfrs-candidates", type=int, default=16,
+                    help="BootstrapFewShotWithRandomSearch's num_candidate_programs (DSPy's default 16: on the 2-core "
+                         "CPU each bootstrapped candidate takes ~9 min, so the reported run used fewer, and says so)")
     args = ap.parse_args(argv)
     logging.getLogger("dspy").setLevel(logging.WARNING)
     out = args.out or Path("runs/vs_dspy") / f"seed{args.seed}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    bench = Bench(args.seed, out, args.reflection_model, model=args.model, limit=args.limit, steps=args.steps)
+    bench = Bench(args.seed, out, args.reflection_model, model=args.model, limit=args.limit, steps=args.steps,
+                  bfrs_candidates=args.bfrs_candidates)
     for name in [a.strip() for a in args.arms.split(",") if a.strip()]:
         bench.run(name, bench.arm(name))
 

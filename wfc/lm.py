@@ -17,6 +17,8 @@ Contract:
   ``decoding=Decoding(structured=False)`` turns it off.
 - Counting: ``lm.usage()`` gives calls, prompt tokens and completion tokens over every handle of this LM, and every
   ``Response`` carries its own usage, so DSPy's usage tracking works.
+- Fine-tuning: ``lm.copy(model="wfc/<base>@<adapter>")`` (what DSPy does with a provider's result) is a handle
+  routed through that adapter; ``compilers.finetune.finetunable(lm)`` gives the LM a provider that trains one.
 - ``temperature`` / ``max_tokens`` are defaults; a call's own ``config`` (DSPy's ``lm_kwargs``) overrides them.
 """
 
@@ -121,7 +123,7 @@ class LocalLM(dspy.LM):
 
     def __init__(self, engine: Engine | str = "smollm2-135m", *, adapter: str | None = None,
                  decoding: Decoding = Decoding(), temperature: float = 0.0, max_tokens: int = 256,
-                 _counter: _Counter | None = None):
+                 provider: dspy.Provider | None = None, _counter: _Counter | None = None):
         if isinstance(engine, str):
             engine = HFEngine(engine)
         if not callable(getattr(engine, "submit", None)):
@@ -131,18 +133,30 @@ class LocalLM(dspy.LM):
         name = engine.handle.name if engine.handle is not None else type(engine).__name__
         super().__init__(model=f"wfc/{name}" + (f"@{adapter}" if adapter else ""),
                          engine=_Bridge(engine, adapter, decoding, self._counter), cache=False, num_retries=0,
-                         temperature=temperature, max_tokens=max_tokens)
+                         temperature=temperature, max_tokens=max_tokens, provider=provider)
 
     def __deepcopy__(self, memo):
         new = self.copy()  # DSPy's runtime copy: shares the engine, the bridge and the counters (module doc)
         memo[id(self)] = new
         return new
 
+    def copy(self, **kwargs) -> "LocalLM":
+        """DSPy's runtime copy; a new ``model`` of the form ``wfc/<base>@<adapter>`` (what a fine-tuning provider
+        returns) routes the copy through that adapter of the same engine; another base is a ValueError."""
+        model = kwargs.pop("model", None)
+        if model is None or model == self.model:
+            return super().copy(**kwargs)
+        base, _, adapter = model.partition("@")
+        if base != self.model.partition("@")[0]:
+            raise ValueError(f"a LocalLM copy stays on its engine's base {self.model.partition('@')[0]!r}; got "
+                             f"model={model!r} (make a LocalLM on another engine instead)")
+        return self.with_adapter(adapter or None).copy(**kwargs)
+
     def with_adapter(self, adapter: str | None) -> "LocalLM":
-        """A handle on the same engine (and counters) routed through ``adapter``."""
+        """A handle on the same engine (counters and provider) routed through ``adapter``."""
         return LocalLM(self.wfc_engine, adapter=adapter, decoding=self.decoding,
-                       temperature=self.kwargs.get("temperature", 0.0),
-                       max_tokens=self.kwargs.get("max_tokens", 256), _counter=self._counter)
+                       temperature=self.kwargs.get("temperature", 0.0), max_tokens=self.kwargs.get("max_tokens", 256),
+                       provider=self.provider, _counter=self._counter)
 
     def usage(self) -> dict[str, int]:
         """Calls, prompt tokens and completion tokens over every handle sharing this LM's counters."""
