@@ -126,6 +126,14 @@ class CompactChatAdapter(ChatAdapter):
         messages.append({"role": "user", "content": f"{self._user_content(signature, inputs)}\n{reply}"})
         return messages
 
+    def format_assistant_message_content(self, signature, outputs, missing_field_message=None) -> str:
+        """The reply as this adapter parses it: the bare value for one output (as demos are shown), ChatAdapter's
+        sections otherwise. DSPy builds fine-tuning data (``BootstrapFinetune``) and reflective examples with it."""
+        field = self._single_output(signature)
+        if field is None:
+            return super().format_assistant_message_content(signature, outputs, missing_field_message)
+        return str(outputs.get(field, missing_field_message or ""))
+
     def parse(self, signature, completion: str) -> dict[str, Any]:
         field = self._single_output(signature)
         if field is None:
