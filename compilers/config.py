@@ -209,6 +209,11 @@ class SamplingConfig(Section):
                              "counted in max_rollout_tokens): the rates become the sampler's running pass rates "
                              "(adaptive_rollouts and pass_band act on them from step 1) and, with curriculum_steps "
                              "and no curriculum_key, the curriculum's order (most often passed first); 0: off")
+    auto_remedies: bool = Field(
+        False, description="before step 1, probe the untrained program (pass_rate_probe runs per training example, "
+                           "4 if unset) and switch on the remedies its pass rates call for (compilers.remedies: "
+                           "adaptive_rollouts; a warm start on the probe's own passing runs); the choice and its "
+                           "reasons are a 'remedies' record in the step log and the manifest")
     adaptive_rollouts: bool = Field(
         False, description="group size per drawn example from its running pass rate (compilers.sampling."
                            "adaptive_group_sizes): the smallest with P(at least one pass) >= adaptive_target, "

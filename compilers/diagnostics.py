@@ -84,7 +84,7 @@ def remedies_in_force(cfg: MMGRPOConfig) -> list[str]:
           "curriculum_steps": cfg.curriculum_steps > 0, "pass_rate_probe": cfg.pass_rate_probe > 0,
           "adaptive_rollouts": cfg.adaptive_rollouts, "warm_start_runs": cfg.warm_start_runs > 0,
           f"strategy={cfg.strategy}": cfg.optimizes.demos and cfg.optimizes.weights,
-          "retrieved_demos": cfg.retrieved_demos > 0}
+          "retrieved_demos": cfg.retrieved_demos > 0, "auto_remedies": cfg.auto_remedies}
     return [name for name, flag in on.items() if flag]
 
 

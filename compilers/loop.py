@@ -38,7 +38,7 @@ import math
 import statistics
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -61,6 +61,7 @@ from compilers.offpolicy import merge_mismatch
 from compilers.prepare import (check_frozen, check_same_compile, check_skippable, policy_and_engine, resume_dir,
                                without_frozen)
 from compilers.prompts import apply_demos, bootstrap_demos, retrieval_pools
+from compilers.remedies import AUTO_PROBE_RUNS, choose, pass_rates
 from compilers.runlog import RunLog
 from compilers.sampling import PromptSampler, adaptive_group_sizes, signal_examples
 from compilers.schedule import lr_multiplier
@@ -90,6 +91,7 @@ class RunState:
     steps: int = 0  # the last step: the config's, 0 under strategy "p", cut where the token budget runs out
     handed: dict[str, int] = field(default_factory=dict)  # adapter -> the revision the engine holds
     revision_files: ckpt.RevisionFiles = field(default_factory=ckpt.RevisionFiles)  # revisions already on disk
+    probed: bool = False  # auto_remedies measured the pass rates already: the probe stage does not again
 
 
 @dataclass
@@ -301,15 +303,21 @@ class CompileRun:
         role; None when not trained), ``skipped`` (why not, or None), ``seconds``. No success: nothing is trained,
         ``skipped`` says so and a warning repeats it. The step-0 validation after it is what the warm start alone
         reaches. Skipped on a resume: the checkpoint after it holds the warmed adapters."""
-        sec = self.sections
-        warm = sec.warm_start
+        warm = self.sections.warm_start
         if not warm.warm_start_runs or self.resumed is not None:
             return
         t0 = time.time()
         harvest, counts = self.distributed.broadcast(self.sample_successes() if self.main else None)
+        self.train_on_successes(harvest, counts, warm.warm_start_runs, t0)
+
+    def train_on_successes(self, harvest: Harvest, counts: dict[str, int], runs_per_example: int, t0: float) -> None:
+        """The warm start's fine-tune on ``harvest`` (from ``counts`` runs, ``runs_per_example`` per example) and its
+        ``warm_start`` record (:meth:`warm_start`); ``t0`` is when its sampling began."""
+        sec = self.sections
+        warm = sec.warm_start
         self.state.loop.spent += counts["completion_tokens"]
         rates = {a: warm.warm_start_lr or r for a, r in self.rates.items()}
-        record = {"kind": "warm_start", "runs_per_example": warm.warm_start_runs, **counts,
+        record = {"kind": "warm_start", "runs_per_example": runs_per_example, **counts,
                   "successes": role_counts(harvest.kept, self.trained), "duplicates": harvest.duplicates,
                   "capped": harvest.capped, "trained": bool(harvest.kept), "optimizer_steps": 0,
                   "learning_rates": rates, "loss_before": None, "loss_after": None, "skipped": None}
@@ -322,7 +330,7 @@ class CompileRun:
             found = (f"no passing run among {counts['runs']} sampled runs" if not counts["passing_runs"] else
                      f"{counts['passing_runs']} of {counts['runs']} sampled runs passed without a call of a trained "
                      "role")
-            record["skipped"] = (f"warm start: {found} ({warm.warm_start_runs} per training example): 0 successes, "
+            record["skipped"] = (f"warm start: {found} ({runs_per_example} per training example): 0 successes, "
                                  "nothing to fine-tune on; GRPO starts from the untrained adapters")
             if self.main:
                 warnings.warn(record["skipped"], stacklevel=3)
@@ -362,7 +370,7 @@ class CompileRun:
         too); a ``probe`` record (the rates per example in trainset order, their mean, the share of examples passed
         at least once); its tokens count in ``max_rollout_tokens``."""
         sampling = self.sections.sampling
-        if not sampling.pass_rate_probe or self.state.steps == 0:  # strategy "p" trains no step: nothing to steer
+        if not sampling.pass_rate_probe or self.state.steps == 0 or self.state.probed:  # "p": no step to steer
             return
         t0 = time.time()
         rates, tokens = self.distributed.broadcast(self.measure_pass_rates() if self.main else None)
@@ -382,16 +390,74 @@ class CompileRun:
     def measure_pass_rates(self) -> tuple[list[float], int]:
         """Per training example, the mean reward (clipped to [0, 1]) of ``pass_rate_probe`` sampled runs, seeded
         (seed, "probe", index); and the completion tokens they generated."""
-        sec = self.sections
-        rollouts = run_rollouts(self.student, self.trainset, self.engine, repeats=sec.sampling.pass_rate_probe,
-                                seeds=[derive_seed(sec.run.seed, "probe", i) for i in range(len(self.trainset))],
-                                **self.rollout_options())
-        rates = [statistics.fmean(min(max(self.score(g), 0.0), 1.0) for g in graphs) for graphs in rollouts]
-        return rates, sum(len(c.completion_ids) for graphs in rollouts for g in graphs for c in g.calls)
+        rollouts = self.probe_runs(self.sections.sampling.pass_rate_probe)
+        return pass_rates(rollouts, self.score), sum(len(c.completion_ids) for graphs in rollouts for g in graphs
+                                                     for c in g.calls)
+
+    def probe_runs(self, repeats: int) -> list[list[RolloutGraph]]:
+        """``repeats`` sampled runs of every training example under the current adapters, seeded (seed, "probe",
+        index), as in training (their rewards scored)."""
+        seed = self.sections.run.seed
+        return run_rollouts(self.student, self.trainset, self.engine, repeats=repeats,
+                            seeds=[derive_seed(seed, "probe", i) for i in range(len(self.trainset))],
+                            **self.rollout_options())
+
+    def auto_remedies(self) -> None:
+        """``auto_remedies`` (a fresh run; ``compilers.remedies``): probe the untrained program (``pass_rate_probe``
+        runs per example, ``AUTO_PROBE_RUNS`` if unset), choose, prime the sampler with the rates, switch the chosen
+        remedies on in this run's sections (the config stays as given: a resume re-applies the recorded choice), and
+        warm-start on the probe's own successes when chosen. A ``remedies`` record (log and manifest history):
+        ``chose`` (field -> value), ``kept`` (remedies you set yourself, left as they are), ``starved``, ``reasons``,
+        the probe's ``stats``, its ``completion_tokens`` and ``seconds``. The later ``probe`` stage does not measure
+        again."""
+        sampling = self.sections.sampling
+        if not sampling.auto_remedies or self.resumed is not None or self.state.steps == 0:
+            return
+        t0 = time.time()
+        repeats = sampling.pass_rate_probe or AUTO_PROBE_RUNS
+        rates, harvest, counts = self.distributed.broadcast(self.probe_and_harvest(repeats) if self.main else None)
+        choice = choose(rates, group_size=sampling.group_size, passing_runs=counts["passing_runs"],
+                        runs_per_example=repeats)
+        self.sampler.prime(rates, order=sampling.curriculum_steps > 0 and sampling.curriculum_key is None)
+        user_warm = self.sections.warm_start.warm_start_runs > 0
+        chose = {"adaptive_rollouts": choice.adaptive_rollouts or sampling.adaptive_rollouts,
+                 "warm_start": choice.warm_start and not user_warm}
+        record = {"kind": "remedies", "chose": chose, "starved": choice.starved, "reasons": list(choice.reasons),
+                  "kept": [k for k, on in (("adaptive_rollouts", sampling.adaptive_rollouts),
+                                           ("warm_start_runs", user_warm)) if on],
+                  "stats": choice.stats, "completion_tokens": counts["completion_tokens"],
+                  "seconds": round(time.time() - t0, 2)}
+        self.apply_remedies(record)
+        self.log.append(record)
+        self.state.loop.history.append(record)
+        if self.progress:
+            print(f"auto remedies: probe pass rate {choice.stats['pass_rate']:.3f}, "
+                  + "; ".join(choice.reasons) + f" ({record['seconds']:.0f}s)")
+        self.state.loop.spent += counts["completion_tokens"]
+        if chose["warm_start"]:  # the probe's runs are its runs: their tokens are counted once, above
+            self.train_on_successes(harvest, {**counts, "completion_tokens": 0}, repeats, time.time())
+
+    def probe_and_harvest(self, repeats: int) -> tuple[list[float], Harvest, dict[str, int]]:
+        """The probe's runs -> per-example pass rates, the warm start's successes among them, the runs' counts."""
+        rollouts = self.probe_runs(repeats)
+        rates = pass_rates(rollouts, self.score)
+        harvest = successes(rollouts, self.trained,
+                            max_per_example=self.sections.warm_start.warm_start_max_per_example)
+        return rates, harvest, run_counts(rollouts)
+
+    def apply_remedies(self, record: dict[str, Any]) -> None:
+        """Switch on, for this run, the sampling remedies a ``remedies`` record chose (its warm start is a stage
+        of its own, done once)."""
+        update = {"adaptive_rollouts": record["chose"]["adaptive_rollouts"]}
+        sampling = self.sections.sampling  # validated again: adaptive groups have rules of their own
+        self.sections = replace(self.sections, sampling=type(sampling).model_validate({**sampling.model_dump(),
+                                                                                       **update}))
+        self.remedies = remedies_in_force(self.cfg.model_copy(update=update))
+        self.state.probed = True
 
     def resume(self) -> None:
         """A resumed run: cut the log back, restore the checkpointed state (RNGs last: nothing draws before the next
-        step) and log where it continues."""
+        step), re-apply what ``auto_remedies`` chose, and log where it continues."""
         resumed, st, log = self.resumed, self.state, self.log
         if self.main:  # cuts metrics.jsonl back; the other ranks read it after
             log.records = ckpt.restore_log(resumed)
@@ -403,6 +469,9 @@ class CompileRun:
         st.loop = ckpt.restore(resumed, policy=self.policy, engine=self.engine, adapters=self.plan.adapters,
                                optimizers=self.optimizers, sampler=self.sampler, student=self.student)
         st.handed.update({a: self.policy.revision(a) for a in self.plan.adapters})  # restore handed them over
+        chosen = [r for r in st.loop.history if r.get("kind") == "remedies"]
+        if chosen:  # auto_remedies chose before step 1: the same remedies go on (the sampler's rates are restored)
+            self.apply_remedies(chosen[-1])
         log.append({"kind": "resume", "after_step": st.loop.step, "checkpoint": str(resumed.path)})
         if self.progress:
             print(f"resumed {self.run_dir} after step {st.loop.step}")

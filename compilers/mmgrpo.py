@@ -179,6 +179,7 @@ class MMGRPO(Teleprompter):
         run.open_log()
         run.bootstrap()  # strategy p / p -> w: demos
         run.retrieve_demos()  # retrieved_demos: pools
+        run.auto_remedies()  # auto_remedies: probe the untrained program, choose and switch on remedies
         run.warm_start()  # warm_start_runs: fine-tune on the program's own successes (a fresh run only)
         if run.resumed is None:
             run.baseline()  # step-0 validation, first checkpoint
