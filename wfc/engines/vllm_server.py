@@ -5,7 +5,8 @@ Two jobs, two places (as in :mod:`wfc.engines.vllm`, with the sampler out of pro
   Adapters are created, trained and restored there, and handed over with :meth:`VLLMServerEngine.load_adapters`;
 - the **samplers**: one or more vLLM servers started with LoRA and runtime LoRA loading on
   (``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve BASE --enable-lora --max-lora-rank R --max-loras K
-  --logprobs-mode processed_logprobs``), given by URL, or started by :meth:`VLLMServerEngine.launch`.
+  --logprobs-mode processed_logprobs --structured-outputs-config '{"backend": "guidance"}'``), given by URL, or
+  started by :meth:`VLLMServerEngine.launch`.
 
 Requests: every request is one ``POST /v1/completions`` whose ``prompt`` is the list of token ids the trainer's
 tokenizer produced (so both sides condition on identical ids) and whose ``model`` is the role adapter's current
@@ -14,6 +15,16 @@ the sampled ``token_ids``; ``logprobs=0`` gives ``token_logprobs``, one per samp
 temperature-scaled distribution when the server runs ``--logprobs-mode processed_logprobs`` (the HF engine's
 convention). Sampling settings are sent in full (``top_k=0``, ``min_p=0``, no penalties) so a server's
 ``generation_config`` defaults never change the distribution.
+
+Grammar requests (structured decoding, ``GenerationRequest.grammar``, :mod:`wfc.constrain`) send their Lark text
+unchanged as ``structured_outputs: {"grammar": ...}``; the server decodes it with vLLM's structured outputs, which
+must run on the ``guidance`` backend (llguidance, where wfc's masks come from: the ``--structured-outputs-config``
+above, which :func:`server_command` passes; a server left on "auto" may hand a grammar xgrammar accepts to xgrammar,
+whose masks are not the ones the trainer replays, and this engine cannot see a server's backend). The bitmask is
+applied to the logits before the sampler and vLLM samples every token (no jump-forward), so with
+``processed_logprobs`` a constrained call's log-probs are the masked distribution's, log q = log p - log
+sum_allowed p (0 on a forced token), the HF engine's and the trainer's convention, reported like any other. A
+grammar the server refuses raises ValueError quoting its reason.
 
 Adapter hand-off (:meth:`VLLMServerEngine.load_adapters`, given ``policy.export(names)``): each revision is written in PEFT format to a new
 revision directory and loaded on every live server as ``role@revision`` (``POST /v1/load_lora_adapter``); only when
@@ -60,7 +71,7 @@ from typing import Any, Sequence
 import torch
 
 from wfc.adapter_files import write_adapter
-from wfc.engines.base import AdapterRevision, Generation, GenerationRequest, SamplingParams, refuse_choices, refuse_grammars
+from wfc.engines.base import AdapterRevision, Generation, GenerationRequest, SamplingParams, refuse_choices
 from wfc.models import ModelHandle, load_model
 
 log = logging.getLogger(__name__)
@@ -131,6 +142,8 @@ def server_command(model_path: str, *, host: str, port: int, dtype: str = "float
             "--enable-lora", "--max-loras", str(max_loras), "--max-lora-rank", str(max_lora_rank),
             "--max-cpu-loras", str(max(2 * max_loras, 4)), "--max-model-len", str(max_model_len),
             "--enable-prefix-caching", "--enforce-eager", "--logprobs-mode", "processed_logprobs",
+            # grammars are llguidance Lark (wfc.constrain): decoded by llguidance itself, never by xgrammar
+            "--structured-outputs-config", json.dumps({"backend": "guidance"}),
             "--kv-cache-memory-bytes", str(int(kv_cache_gib * (1 << 30))),
             "--distributed-executor-backend", "uni", "--disable-uvicorn-access-log", *extra_args]
 
@@ -417,7 +430,7 @@ class VLLMServerEngine:
         return [f.result() for f in futures]
 
     def _body(self, prompt: list[int], adapter: str | None, sampling: SamplingParams,
-              seed: int | None = None) -> dict:
+              seed: int | None = None, grammar: str | None = None) -> dict:
         with self._lora_lock:
             model = self._revisions.get(NULL_ADAPTER if adapter is None else adapter)
         if model is None:
@@ -425,7 +438,7 @@ class VLLMServerEngine:
         if seed is None:  # the request's own seed, else the next from the engine's generator
             with self._lora_lock:
                 seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self._rng))
-        return {
+        body = {
             "model": model, "prompt": prompt, "max_tokens": sampling.max_tokens,
             # the full distribution, whatever the server's generation_config defaults say
             "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0, "min_p": 0.0,
@@ -434,13 +447,15 @@ class VLLMServerEngine:
             "seed": None if sampling.greedy else seed, "logprobs": 0, "return_token_ids": True,
             "add_special_tokens": False,
         }
+        if grammar is not None:
+            body["structured_outputs"] = {"grammar": grammar}
+        return body
 
     def _complete(self, request: GenerationRequest) -> Generation:
         sampling = request.sampling
         refuse_choices(sampling, "VLLMServerEngine")
-        refuse_grammars([request], "VLLMServerEngine")
         prompt = self.encode_prompt(request.messages)
-        body = self._body(prompt, request.adapter, sampling, request.seed)
+        body = self._body(prompt, request.adapter, sampling, request.seed, request.grammar)
         while True:
             server = self._acquire()
             try:
@@ -450,7 +465,7 @@ class VLLMServerEngine:
                 with self._pick_lock:
                     self.stats["retries"] += 1
                 # the revision may have moved meanwhile
-                body = self._body(prompt, request.adapter, sampling, request.seed)
+                body = self._body(prompt, request.adapter, sampling, request.seed, request.grammar)
                 continue
             finally:
                 with self._pick_lock:
