@@ -7,6 +7,7 @@ minutes and rollout tokens.
 
     python benchmarks/suite.py --seeds 0,1,2 --tasks all --out runs/suite/     # run, then print the table
     python benchmarks/suite.py --table --out runs/suite/                         # the table from the rows alone
+    python benchmarks/suite.py --tasks multistep --set auto_remedies=true --out runs/suite-auto/   # a remedy
     python benchmarks/suite.py --tasks classify,extract --model tiny --limit 8 --steps 1 --out /tmp/s   # smoke
 
 Rows: ``OUT/<task>-seed<S>.json``, each written atomically when its run finishes; a rerun skips rows already
@@ -35,6 +36,7 @@ from compilers.presets.suite import TASKS, DataMissing, Splits, SuiteTask, task_
 from compilers.recipes import get_recipe
 from compilers.runs import records, rollout_tokens
 from compilers.suite_report import markdown_table, role_pass_rates
+from wfc.flags import add_set_flag, apply_overrides, parse_set
 from wfc.engines.hf import HFEngine
 
 
@@ -72,7 +74,7 @@ class Suite:
 
     def __init__(self, args: argparse.Namespace):
         self.args, self.out = args, args.out
-        self.overrides = get_recipe(args.recipe) if args.recipe else {}
+        self.overrides = apply_overrides(get_recipe(args.recipe) if args.recipe else {}, parse_set(args.set))
         if args.steps is not None:
             self.overrides["steps"] = args.steps
 
@@ -107,6 +109,7 @@ class Suite:
                              compiled.manifest.sampling["max_tokens"])
             log = records(run_dir)
             return {"task": task.name, "seed": seed, "model": self.args.model, "recipe": self.args.recipe,
+                    "set": parse_set(self.args.set),
                     "shape": task.shape, "data": task.data, "sizes": splits.sizes(), **base, "compiled": after,
                     "gain": after["accuracy"] - base["base"]["accuracy"], "roles": role_pass_rates(log),
                     "starved_steps": sum(bool(r.get("starvation", {}).get("starved")) for r in log
@@ -154,6 +157,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path("runs/suite"), help="the rows' folder [runs/suite]")
     ap.add_argument("--recipe", default=None, help="a compilers.recipes name for every task (default: none, the "
                                                    "default recipe)")
+    add_set_flag(ap, what="config field for every task (e.g. --set auto_remedies=true --out runs/suite-auto)")
     ap.add_argument("--model", default="smollm2-135m", help="the base model (smoke runs: tiny)")
     ap.add_argument("--limit", type=int, default=None, help="the first N examples of each split (smoke runs)")
     ap.add_argument("--steps", type=int, default=None, help="override the compile's steps (smoke runs only)")

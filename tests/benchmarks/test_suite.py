@@ -42,3 +42,14 @@ def test_rows_resume_and_table(tmp_path, capsys, monkeypatch):
     assert table.startswith("| task | program | base | pass@2 |") and "| classify |" in table
     assert "| multistep | 1 |" in table and "- gsm8k seed 0: skipped" in table
     assert (tmp_path / "table.md").read_text().strip() == table.strip()
+
+
+def test_set_overrides_every_tasks_config_and_is_recorded(tmp_path, monkeypatch):
+    monkeypatch.delenv("WFC_DATA_DIR", raising=False)
+    suite.main(["--model", "tiny", "--limit", "3", "--steps", "1", "--k", "2", "--passk-examples", "2",
+                "--out", str(tmp_path), "--tasks", "classify", "--seeds", "0", "--set", "auto_remedies=true"])
+    row = json.loads((tmp_path / "classify-seed0.json").read_text())
+    assert row["set"] == {"auto_remedies": True} and row["config"]["auto_remedies"] is True
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "classify-seed0" / "metrics.jsonl").read_text()
+             .splitlines()]
+    assert "remedies" in kinds  # the probe ran and its choice was logged
