@@ -67,7 +67,7 @@ from vllm.exceptions import VLLMValidationError  # noqa: E402
 from vllm.lora.request import LoRARequest  # noqa: E402
 from vllm.sampling_params import StructuredOutputsParams  # noqa: E402
 
-from wfc.adapter_files import write_adapter  # noqa: E402
+from wfc.adapter_files import write_adapter, write_zero_adapter  # noqa: E402
 from wfc.engines.base import (AdapterRevision, Generation, GenerationRequest, SamplingParams,  # noqa: E402
                               refuse_choices)
 from wfc.engines.batching import BatchingEngine  # noqa: E402
@@ -76,26 +76,6 @@ from wfc.models import ModelHandle, load_model  # noqa: E402
 GiB = 1 << 30
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM accepts for max_lora_rank
 NULL_ADAPTER = "__base__"  # the zero adapter that base rows are served through (module doc)
-
-
-def write_zero_adapter(model, path: Path) -> None:
-    """Write a PEFT adapter of rank 1 with all-zero weights on one projection of every layer of ``model`` (a
-    transformers causal LM, possibly wrapped in peft) to ``path``: loaded as a LoRA it changes no output."""
-    from peft import LoraConfig
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    # a policy may have put LoRA layers on this model already: name each projection as the plain model does
-    linears = [(n.removesuffix(".base_layer"), m) for n, m in base.named_modules()
-               if isinstance(m, torch.nn.Linear) and ".layers." in f".{n}" and "lora_" not in n]
-    if not linears:
-        raise ValueError("found no layer projections in the base model to hang the zero adapter on")
-    leaf = linears[0][0].rsplit(".", 1)[-1]
-    tensors = {}
-    for name, module in linears:
-        if name.rsplit(".", 1)[-1] == leaf:
-            tensors[f"base_model.model.{name}.lora_A.weight"] = torch.zeros(1, module.in_features)
-            tensors[f"base_model.model.{name}.lora_B.weight"] = torch.zeros(module.out_features, 1)
-    write_adapter(LoraConfig(r=1, lora_alpha=1, target_modules=[leaf], lora_dropout=0.0), tensors, path)
 
 
 class VLLMEngine(BatchingEngine):

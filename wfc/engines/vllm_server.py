@@ -70,7 +70,7 @@ from typing import Any, Sequence
 
 import torch
 
-from wfc.adapter_files import write_adapter
+from wfc.adapter_files import write_adapter, write_zero_adapter
 from wfc.engines.base import AdapterRevision, Generation, GenerationRequest, SamplingParams, refuse_choices
 from wfc.models import ModelHandle, load_model
 
@@ -349,27 +349,9 @@ class VLLMServerEngine:
                                        "seconds": time.perf_counter() - t0, "bytes": size})
 
     def _write_null_adapter(self) -> Path:
-        """A PEFT adapter of rank 1 with all-zero weights on one projection of every layer."""
-        from peft import LoraConfig
-        from safetensors.torch import save_file
-
-        base = self.handle.model
-        base = base.get_base_model() if hasattr(base, "get_base_model") else base
-        # a policy may have put LoRA layers on this model already: name each projection as the plain model does
-        linears = [(n.removesuffix(".base_layer"), m) for n, m in base.named_modules()
-                   if isinstance(m, torch.nn.Linear) and ".layers." in f".{n}" and "lora_" not in n]
-        if not linears:
-            raise ValueError(f"found no layer projections in {self.handle.name!r} to hang the null adapter on")
-        leaf = linears[0][0].rsplit(".", 1)[-1]
+        """A PEFT adapter of rank 1 with all-zero weights on one projection of every layer (base rows use it)."""
         path = self.workdir / NULL_ADAPTER
-        path.mkdir(parents=True, exist_ok=True)
-        LoraConfig(r=1, lora_alpha=1, target_modules=[leaf], lora_dropout=0.0).save_pretrained(str(path))
-        tensors = {}
-        for name, module in linears:
-            if name.rsplit(".", 1)[-1] == leaf:
-                tensors[f"base_model.model.{name}.lora_A.weight"] = torch.zeros(1, module.in_features)
-                tensors[f"base_model.model.{name}.lora_B.weight"] = torch.zeros(module.out_features, 1)
-        save_file(tensors, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+        write_zero_adapter(self.handle.model, path)
         return path
 
     def _register(self, name: str, path: Path, *, owned: bool, revision: int | None = None) -> None:
