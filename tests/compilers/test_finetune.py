@@ -48,12 +48,12 @@ def test_a_chat_row_is_the_engines_prompt_then_the_answer_and_eos(engine):
         chat_rows(engine, [{"messages": [{"role": "user", "content": "x"}]}], "finetune")
 
 
-def test_fresh_names_and_bad_settings():
+def test_fresh_names_and_bad_settings(engine):
     assert fresh_adapter([]) == "finetune"
     assert fresh_adapter(["finetune", "finetune_2"]) == "finetune_3"
-    provider = LocalFinetune.__new__(LocalFinetune)
-    provider.defaults = {"epochs": 1, "batch": 4, "learning_rate": 1e-3, "seed": 0}
-    assert provider.settings({"num_train_epochs": 2, "lr": 0.1})["epochs"] == 2
+    provider = LocalFinetune(engine, epochs=1, batch=4, learning_rate=1e-3)
+    assert provider.settings({"num_train_epochs": 2, "lr": 0.1}) == {"epochs": 2, "batch": 4, "learning_rate": 0.1,
+                                                                     "seed": 0}
     with pytest.raises(ValueError, match="known"):
         provider.settings({"warmup_ratio": 0.1})
 
