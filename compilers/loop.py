@@ -61,7 +61,7 @@ from compilers.offpolicy import merge_mismatch
 from compilers.prepare import (check_frozen, check_same_compile, check_skippable, policy_and_engine, resume_dir,
                                without_frozen)
 from compilers.prompts import apply_demos, bootstrap_demos, retrieval_pools
-from compilers.remedies import AUTO_PROBE_RUNS, choose, pass_rates
+from compilers.remedies import AUTO_PROBE_EXAMPLES, AUTO_PROBE_RUNS, choose, pass_rates, probe_subset
 from compilers.runlog import RunLog
 from compilers.sampling import PromptSampler, adaptive_group_sizes, signal_examples
 from compilers.schedule import lr_multiplier
@@ -394,17 +394,17 @@ class CompileRun:
         return pass_rates(rollouts, self.score), sum(len(c.completion_ids) for graphs in rollouts for g in graphs
                                                      for c in g.calls)
 
-    def probe_runs(self, repeats: int) -> list[list[RolloutGraph]]:
-        """``repeats`` sampled runs of every training example under the current adapters, seeded (seed, "probe",
-        index), as in training (their rewards scored)."""
+    def probe_runs(self, repeats: int, indices: Sequence[int] | None = None) -> list[list[RolloutGraph]]:
+        """``repeats`` sampled runs of each training example of ``indices`` (default: all) under the current
+        adapters, seeded (seed, "probe", index), as in training (their rewards scored)."""
         seed = self.sections.run.seed
-        return run_rollouts(self.student, self.trainset, self.engine, repeats=repeats,
-                            seeds=[derive_seed(seed, "probe", i) for i in range(len(self.trainset))],
-                            **self.rollout_options())
+        indices = range(len(self.trainset)) if indices is None else indices
+        return run_rollouts(self.student, [self.trainset[i] for i in indices], self.engine, repeats=repeats,
+                            seeds=[derive_seed(seed, "probe", i) for i in indices], **self.rollout_options())
 
     def auto_remedies(self) -> None:
         """``auto_remedies`` (a fresh run; ``compilers.remedies``): probe the untrained program (``pass_rate_probe``
-        runs per example, ``AUTO_PROBE_RUNS`` if unset), choose, prime the sampler with the rates, switch the chosen
+        runs, ``AUTO_PROBE_RUNS`` if unset, on each of ``AUTO_PROBE_EXAMPLES`` training examples), choose, prime the sampler with the rates, switch the chosen
         remedies on in this run's sections (the config stays as given: a resume re-applies the recorded choice), and
         warm-start on the probe's own successes when chosen. A ``remedies`` record (log and manifest history):
         ``chose`` (field -> value), ``kept`` (remedies you set yourself, left as they are), ``starved``, ``reasons``,
@@ -415,10 +415,17 @@ class CompileRun:
             return
         t0 = time.time()
         repeats = sampling.pass_rate_probe or AUTO_PROBE_RUNS
-        rates, harvest, counts = self.distributed.broadcast(self.probe_and_harvest(repeats) if self.main else None)
-        choice = choose(rates, group_size=sampling.group_size, passing_runs=counts["passing_runs"],
+        indices = probe_subset(len(self.trainset), AUTO_PROBE_EXAMPLES, seed=derive_seed(self.sections.run.seed,
+                                                                                          "probe_subset"))
+        rates, harvest, counts = self.distributed.broadcast(self.probe_and_harvest(repeats, indices) if self.main
+                                                            else None)
+        choice = choose(list(rates.values()), group_size=sampling.group_size, passing_runs=counts["passing_runs"],
                         runs_per_example=repeats)
-        self.sampler.prime(rates, order=sampling.curriculum_steps > 0 and sampling.curriculum_key is None)
+        if len(rates) == len(self.trainset):  # every example measured: the rates may order the curriculum too
+            self.sampler.prime(list(rates.values()),
+                               order=sampling.curriculum_steps > 0 and sampling.curriculum_key is None)
+        else:
+            self.sampler.prime(rates, order=False)
         user_warm = self.sections.warm_start.warm_start_runs > 0
         chose = {"adaptive_rollouts": choice.adaptive_rollouts or sampling.adaptive_rollouts,
                  "warm_start": choice.warm_start and not user_warm}
@@ -437,10 +444,12 @@ class CompileRun:
         if chose["warm_start"]:  # the probe's runs are its runs: their tokens are counted once, above
             self.train_on_successes(harvest, {**counts, "completion_tokens": 0}, repeats, time.time())
 
-    def probe_and_harvest(self, repeats: int) -> tuple[list[float], Harvest, dict[str, int]]:
-        """The probe's runs -> per-example pass rates, the warm start's successes among them, the runs' counts."""
-        rollouts = self.probe_runs(repeats)
-        rates = pass_rates(rollouts, self.score)
+    def probe_and_harvest(self, repeats: int, indices: Sequence[int]) -> tuple[dict[int, float], Harvest,
+                                                                                 dict[str, int]]:
+        """The probe's runs of the examples ``indices`` -> their pass rates (index -> rate, in order), the warm
+        start's successes among the runs, the runs' counts."""
+        rollouts = self.probe_runs(repeats, indices)
+        rates = dict(zip(indices, pass_rates(rollouts, self.score)))
         harvest = successes(rollouts, self.trained,
                             max_per_example=self.sections.warm_start.warm_start_max_per_example)
         return rates, harvest, run_counts(rollouts)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 
 def in_band(rate: float | None, lo: float, hi: float) -> bool:
@@ -196,10 +196,18 @@ class PromptSampler:
         self.rates[index] = ema(self.rates.get(index), float(pass_rate), self.alpha)
         self.seen[index] = self.seen.get(index, 0) + 1
 
-    def prime(self, rates: Sequence[float], *, order: bool) -> None:
-        """Measured pass rates, one per example (before any step): each becomes that example's running pass rate
-        (its first observation; ``seen`` is not counted), and with ``order`` its curriculum difficulty
+    def prime(self, rates: Sequence[float] | Mapping[int, float], *, order: bool) -> None:
+        """Measured pass rates (before any step), one per example or ``{index: rate}`` for the examples measured:
+        each becomes that example's running pass rate (its first observation; ``seen`` is not counted; the others
+        stay unknown), and with ``order`` (every example measured) its curriculum difficulty
         (:func:`difficulty_from_rates`). Both are in :meth:`state_dict`, so a resume does not measure again."""
+        if isinstance(rates, Mapping):
+            if order:
+                raise ValueError("ordering the curriculum by pass rate needs every example's rate")
+            if any(not 0 <= i < self.n for i in rates):
+                raise ValueError(f"pass rates for examples outside 0..{self.n - 1}")
+            self.rates = {int(i): float(r) for i, r in rates.items()}
+            return
         if len(rates) != self.n:
             raise ValueError(f"{len(rates)} pass rates for {self.n} examples: give one per example")
         self.rates = {i: float(r) for i, r in enumerate(rates)}

@@ -8,7 +8,8 @@ import pytest
 
 from compilers import MMGRPO, remedies
 from compilers.loop import CompileRun
-from compilers.remedies import Remedies, choose, group_signal, pass_rates
+from compilers.remedies import Remedies, choose, group_signal, pass_rates, probe_subset
+from compilers.sampling import PromptSampler
 from programs import Single
 from tiny_setup import SIG, TRAIN, tiny_config
 from wfc.engines.hf import HFEngine
@@ -42,6 +43,23 @@ def test_choose_by_hand(rates, passing, adaptive, warm, starved, says):
     assert got.stats["group_signal"] == pytest.approx(group_signal(rates, 4))
 
 
+def test_the_probe_takes_a_seeded_subset_of_a_large_trainset():
+    assert probe_subset(5, 8, seed=0) == [0, 1, 2, 3, 4]
+    picked = probe_subset(100, 8, seed=3)
+    assert len(set(picked)) == 8 and picked == sorted(picked) and picked == probe_subset(100, 8, seed=3)
+    assert picked != probe_subset(100, 8, seed=4)
+
+
+def test_priming_some_examples_leaves_the_others_unknown():
+    sampler = PromptSampler(4, seed=0)
+    sampler.prime({1: 0.25, 3: 1.0}, order=False)
+    assert sampler.rates == {1: 0.25, 3: 1.0}
+    with pytest.raises(ValueError, match="every example"):
+        sampler.prime({1: 0.5}, order=True)
+    with pytest.raises(ValueError, match="outside"):
+        sampler.prime({7: 0.5}, order=False)
+
+
 def test_choose_needs_rates():
     with pytest.raises(ValueError, match="non-empty trainset"):
         choose([], group_size=4, passing_runs=0, runs_per_example=4)
@@ -59,7 +77,8 @@ def never(example, prediction, trace=None):
     return 0.0
 
 
-def test_a_starved_probe_is_said_and_switches_nothing_on(engine, tmp_path):
+def test_a_starved_probe_is_said_and_switches_nothing_on(engine, tmp_path, monkeypatch):
+    monkeypatch.setattr("compilers.loop.AUTO_PROBE_EXAMPLES", 5)  # a subset of the 12 examples is probed
     run_dir = tmp_path / "run"
     MMGRPO(never, **tiny_config(steps=1, auto_remedies=True)).compile(Single(SIG), trainset=TRAIN, engine=engine,
                                                                       run_dir=run_dir, progress=False)
@@ -67,6 +86,7 @@ def test_a_starved_probe_is_said_and_switches_nothing_on(engine, tmp_path):
     [rec] = [r for r in log if r["kind"] == "remedies"]
     assert rec["starved"] and rec["chose"] == {"adaptive_rollouts": False, "warm_start": False}
     assert "starved" in rec["reasons"][0] and rec["stats"]["runs_per_example"] == remedies.AUTO_PROBE_RUNS
+    assert rec["stats"]["examples"] == 5
     assert not any(r["kind"] in ("probe", "warm_start") for r in log)
     [step] = [r for r in log if r["kind"] == "step"]
     assert step["drawing"]["group_sizes"] is None and "auto_remedies" in step["starvation"]["remedies"]
@@ -92,7 +112,7 @@ def test_the_choice_is_applied_logged_and_reapplied_on_resume(engine, tmp_path, 
     assert step["drawing"]["completion_tokens_total"] == rec["completion_tokens"] + step["drawing"]["completion_tokens"]
     assert [r["kind"] for r in compiled.manifest.history][:2] == ["remedies", "warm_start"]
 
-    def refuse(self, repeats):
+    def refuse(self, repeats, indices):
         raise AssertionError("a resumed compile probed again")
 
     monkeypatch.setattr(CompileRun, "probe_and_harvest", refuse)
