@@ -6,15 +6,12 @@ packages load by name, with no flag. Each tool's argument schema survives, so th
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import dspy
 
 from programs.agents import add, calculator_agent
+from tests.wfc.subprocess_common import run_python
 from wfc.engines.base import SamplingParams
 from wfc.lower import Decoding, role_grammars
 from wfc.source import capture, rebuild
@@ -107,12 +104,6 @@ compiled.engine.close()
 '''
 
 
-def _python(args: list[str], cwd: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    proc = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-
 def test_agent_with_the_users_own_tools_loads_runs_and_serves_in_another_process(tmp_path):
     project, elsewhere, out = tmp_path / "project", tmp_path / "elsewhere", tmp_path / "out"
     for d in (project, elsewhere, out):
@@ -120,9 +111,9 @@ def test_agent_with_the_users_own_tools_loads_runs_and_serves_in_another_process
     (project / "calc_lib.py").write_text(CALC_LIB)
     (project / "agent.py").write_text(SCRIPT.replace("__QUESTION__", repr(QUESTION)))
     (elsewhere / "load.py").write_text(LOADER.replace("__QUESTION__", repr(QUESTION)))
-    _python(["agent.py", str(out)], cwd=project)
+    run_python(["agent.py", str(out)], cwd=project)
     shutil.rmtree(project)  # the tools' files are gone: only the artifact's copies remain
-    _python([str(elsewhere / "load.py"), str(out)], cwd=elsewhere)
+    run_python([str(elsewhere / "load.py"), str(out)], cwd=elsewhere)
 
     manifest = json.loads((out / "agent" / "manifest.json").read_text())
     source = manifest["program_source"]

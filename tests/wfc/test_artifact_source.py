@@ -7,11 +7,8 @@ The fresh-process test compiles in one subprocess (a script in a temporary folde
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -20,6 +17,7 @@ import pytest
 import torch
 
 import wfc
+from tests.wfc.subprocess_common import run_python
 from wfc.artifact import ArtifactError, CompiledProgram, Manifest
 from wfc.source import capture, slice_source
 
@@ -128,12 +126,6 @@ json.dump(result, open(f"{out}/loaded.json", "w"))
 '''
 
 
-def _python(args: list[str], cwd: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    proc = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-
 def test_user_program_compiled_in_one_process_loads_runs_and_serves_in_another(tmp_path):
     project, elsewhere, out = tmp_path / "project", tmp_path / "elsewhere", tmp_path / "out"
     for d in (project, elsewhere, out):
@@ -141,9 +133,9 @@ def test_user_program_compiled_in_one_process_loads_runs_and_serves_in_another(t
     (project / "roles_lib.py").write_text(ROLES_LIB)
     (project / "train.py").write_text(SCRIPT.replace("__QUESTIONS__", repr(QUESTIONS)))
     (elsewhere / "load.py").write_text(LOADER.replace("__QUESTIONS__", repr(QUESTIONS)))
-    _python(["train.py", str(out)], cwd=project)
+    run_python(["train.py", str(out)], cwd=project)
     shutil.rmtree(project)  # nothing of the compiling folder is needed to load
-    _python([str(elsewhere / "load.py"), str(out)], cwd=elsewhere)
+    run_python([str(elsewhere / "load.py"), str(out)], cwd=elsewhere)
     expected = json.loads((out / "expected.json").read_text())
     loaded = json.loads((out / "loaded.json").read_text())
     for name, source in (("main", "program/source/train.py"), ("sibling", "program/source/roles_lib.py")):
@@ -422,14 +414,11 @@ def test_a_script_loads_what_it_compiled_without_trust_but_a_changed_module_is_r
     project.mkdir(), out.mkdir()
     (project / "roles_lib.py").write_text(ROLES_LIB)
     (project / "same.py").write_text(SAME_SCRIPT)
-    _python(["same.py", str(out)], cwd=project)
+    run_python(["same.py", str(out)], cwd=project)
     assert json.loads((out / "same.json").read_text()) == {"main": {"class": True, "same": True},
                                                             "sibling": {"class": True, "same": True}}
     (project / "roles_lib.py").write_text(ROLES_LIB + "\nEDITED = True\n")  # the user's module changed since compile
     (project / "load.py").write_text(CHANGED_LOADER)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    proc = subprocess.run([sys.executable, "load.py", str(out)], cwd=project, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_python(["load.py", str(out)], cwd=project)
     said = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "trust_code=True" in said and "roles_lib" in said

@@ -16,7 +16,8 @@ import torch
 
 from tests.compilers.tiny_setup import SIG, TRAIN, length_metric, tiny_config
 from tests.wfc.vllm_common import (CONSTRAINED, GRAMMARS, GREEDY, LOGPROB_ATOL, PROMPTS, assert_parses, assert_same,
-                                   assert_trainer_logprobs, constrained_requests, requests)
+                                   assert_trainer_logprobs, constrained_requests, lora_config, perturb,
+                                   requests, sample_constrained_through_adapter)
 from wfc.engines.base import GenerationRequest, SamplingParams
 
 if importlib.util.find_spec("vllm") is None:
@@ -28,19 +29,6 @@ pytestmark = pytest.mark.vllm
 
 
 
-def _lora(r=8):
-    from compilers.config import LoraSettings
-
-    return LoraSettings(r=r, alpha=2 * r, target_modules=["q_proj", "v_proj", "up_proj"]).peft_config()
-
-
-def _perturb(model, adapter: str, seed: int) -> None:
-    """Give an adapter non-zero B matrices (a fresh LoRA is the identity), deterministically."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if f"lora_B.{adapter}." in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +69,10 @@ def test_base_greedy_matches_hf(vllm_engine, hf_twin):
 
 def test_adapter_greedy_and_mixed_batch_match_hf(vllm_engine, trainer, hf_twin):
     for name, seed in (("eq_a", 1), ("eq_b", 2)):
-        trainer.add_adapter(name, _lora())
-        _perturb(trainer.model, name, seed)
+        trainer.add_adapter(name, lora_config())
+        perturb(trainer.model, name, seed)
         vllm_engine.load_adapters(trainer.export([name]))
-        hf_twin.policy.add_adapter(name, _lora())
+        hf_twin.policy.add_adapter(name, lora_config())
         hf_twin.policy.restore_adapter(name, trainer.adapter_state(name))
     alone = {a: vllm_engine.generate(requests(a)) for a in ("eq_a", "eq_b", None)}
     assert_same(alone["eq_a"], hf_twin.generate(requests("eq_a")))
@@ -98,11 +86,11 @@ def test_adapter_greedy_and_mixed_batch_match_hf(vllm_engine, trainer, hf_twin):
 
 
 def test_handoff_serves_the_new_revision_and_drops_the_old(vllm_engine, trainer, hf_twin):
-    trainer.add_adapter("ho", _lora())
+    trainer.add_adapter("ho", lora_config())
     vllm_engine.load_adapters(trainer.export(["ho"]))
     first = vllm_engine.generate(requests("ho"))
     old_dir = vllm_engine._loras["ho"].lora_path
-    _perturb(trainer.model, "ho", 7)  # the trainer changes weights in place ...
+    perturb(trainer.model, "ho", 7)  # the trainer changes weights in place ...
     stale = vllm_engine.generate(requests("ho"))
     assert [g.completion_ids for g in stale] == [g.completion_ids for g in first]  # ... unseen until the hand-off
     handoffs = len(vllm_engine.stats["handoffs"])
@@ -110,7 +98,7 @@ def test_handoff_serves_the_new_revision_and_drops_the_old(vllm_engine, trainer,
     assert len(vllm_engine.stats["handoffs"]) == handoffs + 1
     assert vllm_engine.stats["handoffs"][-1]["bytes"] < 5_000_000  # adapter weights only, never the base
     assert not os.path.exists(old_dir)
-    hf_twin.policy.add_adapter("ho", _lora())
+    hf_twin.policy.add_adapter("ho", lora_config())
     hf_twin.policy.restore_adapter("ho", trainer.adapter_state("ho"))
     assert_same(vllm_engine.generate(requests("ho")), hf_twin.generate(requests("ho")))
 
@@ -144,7 +132,7 @@ def test_unknown_adapter_and_rank_errors(vllm_engine):
     from wfc.engines.base import AdapterRevision
 
     with pytest.raises(ValueError, match="max_lora_rank"):
-        vllm_engine.load_adapters([AdapterRevision(name="too_big", revision=1, config=_lora(r=32), tensors={})])
+        vllm_engine.load_adapters([AdapterRevision(name="too_big", revision=1, config=lora_config(r=32), tensors={})])
     assert "too_big" not in vllm_engine.adapters
 
 
@@ -174,15 +162,7 @@ def test_constrained_sampling_with_an_adapter_trains_exactly_and_mixes_with_free
     from compilers.config import GuardsConfig, UpdateConfig
     from compilers.update import AdapterOptimizers, Row, update_rows
 
-    trainer.add_adapter("gr", _lora())
-    _perturb(trainer.model, "gr", 11)
-    vllm_engine.load_adapters(trainer.export(["gr"]))
-    adapter, grammar = GRAMMARS["chat"]
-    sampled = vllm_engine.generate(constrained_requests(grammar, "gr", temperature=0.8) * 2)  # unseeded: independent
-    assert_parses(sampled, adapter, vllm_engine.tokenizer)
-    assert len({tuple(g.completion_ids) for g in sampled}) > 1
-    trainer.model.set_adapter("gr")
-    assert_trainer_logprobs(sampled, grammar, trainer.model, trainer.grammar_masks, 0.8)
+    sampled, grammar = sample_constrained_through_adapter(vllm_engine, trainer)
     rows = [Row("gr", "cot", tuple(g.prompt_ids), list(g.completion_ids), advantage=(-1.0) ** i,
                 engine_logprobs=list(g.logprobs), grammar=grammar) for i, g in enumerate(sampled)]
     stats = update_rows(trainer, AdapterOptimizers(trainer, ["gr"], lr=0.0), rows, config=UpdateConfig(),
@@ -196,7 +176,7 @@ def test_constrained_sampling_with_an_adapter_trains_exactly_and_mixes_with_free
     alone = [g for batch in kinds for g in vllm_engine.generate(batch)]
     mixed = vllm_engine.generate([r for batch in kinds for r in batch])
     assert [g.completion_ids for g in mixed] == [g.completion_ids for g in alone]
-    assert_parses(mixed[:2 * len(PROMPTS)], adapter, vllm_engine.tokenizer)
+    assert_parses(mixed[:2 * len(PROMPTS)], GRAMMARS["chat"][0], vllm_engine.tokenizer)
 
 
 def test_a_grammar_vllm_rejects_is_a_value_error_and_the_engine_goes_on(vllm_engine):
@@ -276,8 +256,8 @@ def test_base_rows_are_the_base_with_every_lora_slot_taken(vllm_engine, trainer,
     n = 0
     while True:  # load adapters until the engine refuses one: every slot it allows is then taken
         name = f"full_{n}"
-        trainer.add_adapter(name, _lora())
-        _perturb(trainer.model, name, 100 + n)
+        trainer.add_adapter(name, lora_config())
+        perturb(trainer.model, name, 100 + n)
         try:
             vllm_engine.load_adapters(trainer.export([name]))
         except ValueError as exc:

@@ -23,7 +23,8 @@ import torch
 
 from tests.compilers.tiny_setup import SIG, TRAIN, length_metric, tiny_config
 from tests.wfc.vllm_common import (CONSTRAINED, GRAMMARS, GREEDY, LOGPROB_ATOL, PROMPTS, assert_parses, assert_same,
-                                   assert_trainer_logprobs, constrained_requests, requests)
+                                   constrained_requests, lora_config, perturb,
+                                   requests, sample_constrained_through_adapter)
 from wfc.engines.base import GenerationRequest, SamplingParams
 
 if importlib.util.find_spec("vllm") is None:
@@ -35,19 +36,6 @@ pytestmark = pytest.mark.vllm
 
 
 
-def _lora(r=8):
-    from compilers.config import LoraSettings
-
-    return LoraSettings(r=r, alpha=2 * r, target_modules=["q_proj", "v_proj", "up_proj"]).peft_config()
-
-
-def _perturb(model, adapter: str, seed: int) -> None:
-    """Give an adapter non-zero B matrices (a fresh LoRA is the identity), deterministically."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if f"lora_B.{adapter}." in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
 
 
 def _served(url: str) -> list[str]:
@@ -147,15 +135,15 @@ def hf_twin():
 
 def _twin_adapter(trainer, hf_twin, name):
     if name not in hf_twin.adapters:
-        hf_twin.policy.add_adapter(name, _lora())
+        hf_twin.policy.add_adapter(name, lora_config())
     hf_twin.policy.restore_adapter(name, trainer.adapter_state(name))
 
 
 def test_greedy_text_ids_and_logprobs_match_hf(engine, trainer, hf_twin):
     assert_same(engine.generate(requests()), hf_twin.generate(requests()))
     for name, seed in (("eq_a", 1), ("eq_b", 2)):
-        trainer.add_adapter(name, _lora())
-        _perturb(trainer.model, name, seed)
+        trainer.add_adapter(name, lora_config())
+        perturb(trainer.model, name, seed)
         engine.load_adapters(trainer.export([name]))
         _twin_adapter(trainer, hf_twin, name)
     alone = {a: engine.generate(requests(a)) for a in ("eq_a", "eq_b", None)}
@@ -168,12 +156,12 @@ def test_greedy_text_ids_and_logprobs_match_hf(engine, trainer, hf_twin):
 
 
 def test_handoff_serves_a_new_name_and_drops_the_old(engine, trainer, hf_twin, server):
-    trainer.add_adapter("ho", _lora())
+    trainer.add_adapter("ho", lora_config())
     engine.load_adapters(trainer.export(["ho"]))
     first_name = engine.revisions["ho"]
     first = engine.generate(requests("ho"))
     old_dir = engine._owned["ho"]
-    _perturb(trainer.model, "ho", 7)  # the trainer changes weights in place ...
+    perturb(trainer.model, "ho", 7)  # the trainer changes weights in place ...
     assert [g.completion_ids for g in engine.generate(requests("ho"))] == [g.completion_ids for g in first]
     engine.load_adapters(trainer.export(["ho"]))  # ... unseen until the hand-off
     new_name = engine.revisions["ho"]
@@ -220,15 +208,7 @@ def test_constrained_greedy_matches_hf_and_parses(engine, hf_twin, server, fmt):
 
 
 def test_constrained_sampling_through_an_adapter_has_the_trainers_logprobs(engine, trainer):
-    trainer.add_adapter("gr", _lora())
-    _perturb(trainer.model, "gr", 11)
-    engine.load_adapters(trainer.export(["gr"]))
-    adapter, grammar = GRAMMARS["chat"]
-    sampled = engine.generate(constrained_requests(grammar, "gr", temperature=0.8) * 2)  # unseeded: independent
-    assert_parses(sampled, adapter, engine.tokenizer)
-    assert len({tuple(g.completion_ids) for g in sampled}) > 1
-    trainer.model.set_adapter("gr")
-    assert_trainer_logprobs(sampled, grammar, trainer.model, trainer.grammar_masks, 0.8)
+    sample_constrained_through_adapter(engine, trainer)
 
 
 def test_a_grammar_the_server_rejects_is_a_value_error(engine):
@@ -241,7 +221,7 @@ def test_a_grammar_the_server_rejects_is_a_value_error(engine):
 def test_unknown_adapter_and_rank_refusals(engine, trainer, server):
     from wfc.engines.vllm_server import VLLMServerEngine
 
-    trainer.add_adapter("too_big", _lora(r=32))
+    trainer.add_adapter("too_big", lora_config(r=32))
     too_big = trainer.export(["too_big"])
     with pytest.raises(ValueError, match="unknown adapter"):
         engine.generate([GenerationRequest(messages=PROMPTS[0], adapter="nope", sampling=GREEDY)])

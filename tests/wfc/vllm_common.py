@@ -23,6 +23,39 @@ GRAMMARS = {name: (adapter, signature_grammar(COT, adapter, field_tokens=12, max
             for name, adapter in (("chat", dspy.ChatAdapter()), ("json", dspy.JSONAdapter()))}
 
 
+def lora_config(r=8):
+    """The peft config of the test adapters (rank ``r``, attention and MLP projections)."""
+    from compilers.config import LoraSettings
+
+    return LoraSettings(r=r, alpha=2 * r, target_modules=["q_proj", "v_proj", "up_proj"]).peft_config()
+
+
+def perturb(model, adapter: str, seed: int) -> None:
+    """Give an adapter non-zero B matrices (a fresh LoRA is the identity), deterministically."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if f"lora_B.{adapter}." in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+
+
+def sample_constrained_through_adapter(engine, trainer, adapter: str = "gr", seed: int = 11,
+                                       temperature: float = 0.8):
+    """A new perturbed ``adapter`` on ``trainer``, handed to ``engine``; ChatAdapter-grammar rows sampled through it
+    (twice each prompt, unseeded: independent) must parse, differ, and carry the trainer's log-probs (the trainer is
+    left on ``adapter``). Returns (the generations, the grammar)."""
+    trainer.add_adapter(adapter, lora_config())
+    perturb(trainer.model, adapter, seed)
+    engine.load_adapters(trainer.export([adapter]))
+    parser, grammar = GRAMMARS["chat"]
+    sampled = engine.generate(constrained_requests(grammar, adapter, temperature=temperature) * 2)
+    assert_parses(sampled, parser, engine.tokenizer)
+    assert len({tuple(g.completion_ids) for g in sampled}) > 1
+    trainer.model.set_adapter(adapter)
+    assert_trainer_logprobs(sampled, grammar, trainer.model, trainer.grammar_masks, temperature)
+    return sampled, grammar
+
+
 def requests(adapter=None, sampling=GREEDY):
     return [GenerationRequest(messages=m, adapter=adapter, sampling=sampling) for m in PROMPTS]
 
