@@ -192,6 +192,10 @@ class SamplingConfig(Section):
         False, description="DAPO: drop examples whose groups all have equal rewards and draw replacements until the "
                            "step holds examples_per_step examples with signal (bounded by max_draw_rounds)")
     max_draw_rounds: int = Field(3, ge=1, description="rollout rounds per step at most (dynamic sampling's budget)")
+    scale_partial_steps: bool = Field(
+        False, description="dynamic sampling: a step left with fewer than examples_per_step examples with signal "
+                           "when its draw rounds run out takes kept / examples_per_step of the learning rate "
+                           "(compilers.schedule.partial_step_scale), so a few groups do not take a full-size step")
     max_rollout_tokens: int | None = Field(
         None, ge=1, description="stop training once rollouts (bootstrap included) generated this many completion "
                                 "tokens: compares recipes at an equal budget")

@@ -64,7 +64,7 @@ from compilers.prompts import apply_demos, bootstrap_demos, retrieval_pools
 from compilers.remedies import AUTO_PROBE_EXAMPLES, AUTO_PROBE_RUNS, choose, pass_rates, probe_subset
 from compilers.runlog import RunLog
 from compilers.sampling import PromptSampler, adaptive_group_sizes, signal_examples
-from compilers.schedule import lr_multiplier
+from compilers.schedule import lr_multiplier, partial_step_scale
 from compilers.score import score_rollout
 from compilers.state import LoopState
 from compilers.update import AdapterOptimizers, adapter_parameters
@@ -107,6 +107,7 @@ class Step:
     scored: list = field(default_factory=list)  # the trained groups' advantage results (the no-signal rate)
     scales: dict[str, float] = field(default_factory=dict)
     lr_mult: float = 1.0
+    partial_scale: float | None = None  # scale_partial_steps: the share of a full step the kept examples make
     weights: dict[tuple, float] = field(default_factory=dict)
     per_role: dict[str, dict[str, Any]] = field(default_factory=dict)
     upd: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -670,10 +671,15 @@ class CompileRun:
                 g.advantages = [a * s.scales[g.role] for a in g.advantages]
 
     def schedule_lr(self, s: Step) -> None:
-        """Every adapter's base rate times the schedule's multiplier for this step."""
+        """Every adapter's base rate times the schedule's multiplier for this step, and (``scale_partial_steps``)
+        the share of a full step that the examples dynamic sampling kept make."""
         update = self.sections.update
         s.lr_mult = lr_multiplier(s.step, self.state.steps, schedule=update.lr_schedule, warmup=update.warmup_steps,
                                   min_ratio=update.min_lr_ratio)
+        sampling = self.sections.sampling
+        if sampling.dynamic_sampling and sampling.scale_partial_steps:
+            s.partial_scale = partial_step_scale(len(s.rollouts), sampling.examples_per_step)
+            s.lr_mult *= s.partial_scale
         self.optimizers.apply_schedule(s.lr_mult)
 
     def update(self, s: Step) -> None:
@@ -718,6 +724,7 @@ class CompileRun:
             "starvation": s.starvation,
             "role_advantage_scales": s.scales,
             "lr_multiplier": round(s.lr_mult, 6),
+            "partial_scale": s.partial_scale,
             "learning_rates": {a: self.optimizers.lr(a) for a in self.plan.adapters},
             "crashes": sum(g.status == "crash" for g in graphs),
             "format_errors": sum(c.status == "format_error" for g in graphs for c in g.calls),

@@ -9,6 +9,12 @@ A schedule is a pure function ``(step, total) -> multiplier`` (``step`` is 1-bas
   ``total`` hold the floor);
 - the multiplier is always in ``[min_ratio, 1]`` after warm-up and never above 1.
 
+:func:`partial_step_scale` is a second factor, for dynamic sampling (``scale_partial_steps``): a step whose draw
+rounds ran out before ``examples_per_step`` examples with signal were found takes ``kept / examples_per_step`` of
+the rate. The missing examples count as zero gradient, as the flat groups of GRPO without dynamic sampling do, rather
+than a few groups taking a full-size Adam step (Adam's update size does not shrink with a smaller loss, the rate
+does).
+
 Why decay here: with a constant rate the demo's validation rose to a peak and fell back on some seeds (stop 22:
 0.27 at step 5, 0.21 at step 10); a decaying rate takes smaller steps once the policy is near a good one. The base
 rate stays in the optimizer (``AdapterOptimizers``), so a cliff rollback's ``cliff_lr_factor`` scales it and the
@@ -45,3 +51,13 @@ def lr_multiplier(step: int, total: int, *, schedule: str = "constant", warmup: 
     progress = 0.0 if span <= 1 else min((step - warmup - 1) / (span - 1), 1.0)
     shape = SCHEDULES[schedule](progress)
     return min_ratio + (1.0 - min_ratio) * shape
+
+
+def partial_step_scale(kept: int, quota: int) -> float:
+    """The share of a full step that ``kept`` examples with signal make, of the ``quota`` a step holds:
+    ``min(kept / quota, 1)`` (0 with nothing kept; a round that overshot the quota counts as full)."""
+    if quota < 1:
+        raise ValueError(f"quota (examples_per_step) must be >= 1, got {quota}")
+    if kept < 0:
+        raise ValueError(f"kept must be >= 0, got {kept}")
+    return min(kept / quota, 1.0)

@@ -1,4 +1,4 @@
-"""Learning-rate schedules (compilers.schedule): hand-worked tables, the optimizer's base rate under a schedule and a
+"""Learning-rate schedules (compilers.schedule): hand-worked tables (the schedule, the partial-step scale), the optimizer's base rate under a schedule and a
 cliff cut, and a compile on the tiny real model whose logged rates follow the schedule."""
 
 import math
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from compilers import MMGRPO
-from compilers.schedule import lr_multiplier
+from compilers.schedule import lr_multiplier, partial_step_scale
 from compilers.update import AdapterOptimizers
 from programs import Voting
 from tiny_setup import SIG, TRAIN, length_metric, tiny_config
@@ -73,3 +73,37 @@ def test_compile_on_tiny_model_follows_the_schedule(engine, tmp_path):
     assert [r["lr_multiplier"] for r in steps] == pytest.approx([1.0, 0.625, 0.25])
     assert [r["learning_rates"]["shared"] for r in steps] == pytest.approx([4e-3, 2.5e-3, 1e-3])
     assert compiled.manifest.config["lr_schedule"] == "linear"
+
+
+@pytest.mark.parametrize("kept, quota, expected", [
+    (8, 8, 1.0), (2, 8, 0.25), (3, 8, 0.375), (0, 8, 0.0),
+    (10, 8, 1.0),  # a round that overshot the quota is a full step, never more
+    (1, 1, 1.0),
+])
+def test_partial_step_scale_table(kept, quota, expected):
+    assert partial_step_scale(kept, quota) == pytest.approx(expected)
+
+
+def test_partial_step_scale_refuses_bad_counts():
+    with pytest.raises(ValueError, match="examples_per_step"):
+        partial_step_scale(1, 0)
+    with pytest.raises(ValueError, match="kept"):
+        partial_step_scale(-1, 4)
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_compile_on_tiny_model_scales_partial_steps(engine, tmp_path, scale):
+    """With dynamic sampling, a step's rate is the schedule's times kept / examples_per_step when
+    ``scale_partial_steps`` is on, and the schedule's alone when it is off."""
+    compiled = MMGRPO(length_metric, **tiny_config(
+        steps=3, examples_per_step=4, learning_rate=4e-3, dynamic_sampling=True, max_draw_rounds=1,
+        pass_band=(0.0, 1.0), scale_partial_steps=scale, cliff_guard=False)).compile(
+        Voting(SIG, n=2), trainset=TRAIN, engine=engine, run_dir=tmp_path / "run", progress=False)
+    steps = [r for r in compiled.manifest.history if r["kind"] == "step"]
+    kept = [r["drawing"]["examples_kept"] for r in steps]
+    want = [min(k / 4, 1.0) if scale else 1.0 for k in kept]
+    assert [r["lr_multiplier"] for r in steps] == pytest.approx(want)
+    assert [r["learning_rates"]["shared"] for r in steps] == pytest.approx([4e-3 * w for w in want])
+    assert [r["partial_scale"] for r in steps] == ([pytest.approx(w) for w in want] if scale else [None] * 3)
+    if scale:
+        assert any(k < 4 for k in kept), "the tiny model should leave some step partial: the test needs one"
