@@ -241,6 +241,9 @@ class SamplingConfig(Section):
         if self.adaptive_rollouts and self.adaptive_budget * self.group_size < 2:
             raise ValueError(f"adaptive_budget={self.adaptive_budget} x group_size={self.group_size} leaves fewer "
                              f"than 2 rollouts per example: use adaptive_budget >= {2 / self.group_size:g}")
+        if self.scale_partial_steps and not self.dynamic_sampling:
+            raise ValueError("scale_partial_steps scales the steps dynamic sampling leaves short of examples with "
+                             "signal, so it does nothing without it: set dynamic_sampling=True too, or drop it")
         return self
 
 

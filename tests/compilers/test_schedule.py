@@ -1,5 +1,6 @@
-"""Learning-rate schedules (compilers.schedule): hand-worked tables (the schedule, the partial-step scale), the optimizer's base rate under a schedule and a
-cliff cut, and a compile on the tiny real model whose logged rates follow the schedule."""
+"""Learning-rate schedules (compilers.schedule): hand-worked tables (the schedule, the partial-step scale), the
+optimizer's base rate under a schedule and a cliff cut, and compiles on the tiny real model whose logged rates follow
+the schedule and the partial-step scale."""
 
 import math
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from compilers import MMGRPO
+from compilers.config import MMGRPOConfig
 from compilers.schedule import lr_multiplier, partial_step_scale
 from compilers.update import AdapterOptimizers
 from programs import Voting
@@ -89,6 +91,12 @@ def test_partial_step_scale_refuses_bad_counts():
         partial_step_scale(1, 0)
     with pytest.raises(ValueError, match="kept"):
         partial_step_scale(-1, 4)
+
+
+def test_scale_partial_steps_without_dynamic_sampling_is_refused():
+    with pytest.raises(ValueError, match="dynamic_sampling=True"):
+        MMGRPOConfig(scale_partial_steps=True)
+    assert MMGRPOConfig(scale_partial_steps=True, dynamic_sampling=True).scale_partial_steps
 
 
 @pytest.mark.parametrize("scale", [True, False])
