@@ -18,6 +18,7 @@ import dspy
 
 import wfc
 from compilers import MMGRPO, evaluate
+from compilers.grounded import grounded
 from compilers.recipes import get_recipe
 from wfc.constrain import with_budgets
 from wfc.engines.hf import HFEngine
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reasoning-tokens", type=int, default=24)
     ap.add_argument("--max-tokens", type=int, default=64, help="every call's token limit (markers included)")
     ap.add_argument("--out", default="artifacts/cot-demo")
+    ap.add_argument("--train-metric", choices=("plain", "grounded"), default="plain",
+                    help="the reward: the task's metric, or it only where the reasoning shows the answer "
+                         "(compilers.grounded); held-out accuracy always uses the task's metric")
     ap.add_argument("--run-name", default=None, help="runs/<name> (default cot-seed<SEED>)")
     add_set_flag(ap, what="recipe field")
     args = ap.parse_args(argv)
@@ -58,12 +62,13 @@ def main(argv: list[str] | None = None) -> None:
                     progress="baseline")
     recipe = apply_overrides({**get_recipe("wide-warmup"), "max_tokens": args.max_tokens, "steps": args.steps,
                               "seed": args.seed}, overrides)
-    compiled = MMGRPO(math_metric, **recipe).compile(prog, trainset=task.trainset, valset=task.valset, engine=engine,
+    train_metric = grounded(math_metric) if args.train_metric == "grounded" else math_metric
+    compiled = MMGRPO(train_metric, **recipe).compile(prog, trainset=task.trainset, valset=task.valset, engine=engine,
                                                      run_dir=run_dir)
     after = evaluate(compiled.program, task.testset, engine, metric=math_metric, adapters=compiled.roles,
                      max_tokens=args.max_tokens, progress="held-out")
     errors = sum(c.status == "format_error" for g in after["graphs"] for c in g.calls)
-    summary = {"seed": args.seed, "overrides": overrides, "baseline": base["accuracy"],
+    summary = {"seed": args.seed, "overrides": overrides, "train_metric": args.train_metric, "baseline": base["accuracy"],
                "baseline_interval": base["interval"],
                "compiled": after["accuracy"], "compiled_interval": after["interval"],
                "gain": after["accuracy"] - base["accuracy"], "format_errors_after": errors,
