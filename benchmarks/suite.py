@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from compilers import MMGRPO, evaluate
+from compilers.baselines import constant_answer
 from compilers.checkpoint import data_fingerprint, find as find_checkpoint
 from compilers.passk import mean_pass_at_k, sampled_passes
 from compilers.presets.suite import TASKS, DataMissing, Splits, SuiteTask, task_names
@@ -112,6 +113,7 @@ class Suite:
                     "set": parse_set(self.args.set),
                     "shape": task.shape, "data": task.data, "sizes": splits.sizes(), **base, "compiled": after,
                     "gain": after["accuracy"] - base["base"]["accuracy"], "roles": role_pass_rates(log),
+                    "constant": constant_answer(splits.train, splits.test, task.metric),
                     "starved_steps": sum(bool(r.get("starvation", {}).get("starved")) for r in log
                                          if r["kind"] == "step"),
                     "best_step": compiled.manifest.best_step, "resumed": resume is not None,

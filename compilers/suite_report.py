@@ -3,7 +3,8 @@ over seeds, and the markdown table of ``benchmarks/suite.py`` (pure functions ov
 
 A row (one task, one compile seed) is a dict: ``task``, ``seed``, ``shape``, ``base`` and ``compiled`` (greedy
 held-out ``accuracy`` with its 95% ``interval``), ``sampled`` (the base program's ``pass@1`` and ``pass@k`` with its
-``k``), ``gain`` (compiled minus base accuracy), ``roles`` (:func:`role_pass_rates`), ``minutes`` (``compile``) and
+``k``), ``constant`` (optional: ``compilers.baselines.constant_answer``, the bar a program that ignores its input
+sets), ``gain`` (compiled minus base accuracy), ``roles`` (:func:`role_pass_rates`), ``minutes`` (``compile``) and
 ``rollout_tokens``. A row with ``skipped`` or ``error`` (a message) holds no figures and is listed under the table.
 Accuracies and gains are fractions in rows and percentage points in the table.
 """
@@ -98,10 +99,16 @@ def _roles(roles: Mapping[str, Mapping[str, float]]) -> str:
     return "; ".join(f"{role} {_pts(v['first'])}->{_pts(v['last'])}" for role, v in roles.items()) or "-"
 
 
+def _constant(r: Mapping[str, Any]) -> str:
+    """The constant-answer bar (``compilers.baselines``); rows written before it was measured show '-'."""
+    return _pts(r["constant"]["accuracy"]) if "constant" in r else "-"
+
+
 def _seed_line(r: Mapping[str, Any]) -> str:
     base, compiled, sampled = r["base"], r["compiled"], r["sampled"]
     return (f"| {r['task']} | {r['seed']} | {_pts(base['accuracy'])} [{_pts(base['interval'][0])}, "
-            f"{_pts(base['interval'][1])}] | {_pts(sampled['pass@1'])} | {_pts(sampled['pass@k'])} | "
+            f"{_pts(base['interval'][1])}] | {_constant(r)} | {_pts(sampled['pass@1'])} | "
+            f"{_pts(sampled['pass@k'])} | "
             f"{_pts(compiled['accuracy'])} [{_pts(compiled['interval'][0])}, {_pts(compiled['interval'][1])}] | "
             f"{_pts(r['gain'], True)} | {_roles(r.get('roles', {}))} | {r['minutes']['compile']:.1f} | "
             f"{r['rollout_tokens']:,} |")
@@ -123,8 +130,8 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
         lines += ["", f"Suite average gain: {_interval(overall)} points over {len(summary)} tasks ({bar} the "
                       f"+{100 * SUITE_GAIN:.0f} bar). Accuracies in %, greedy on held-out tests; base pass@{k} "
                       f"sampled at the compile's temperature."]
-    lines += ["", f"| task | seed | base [95% CI] | pass@1 | pass@{k} | compiled [95% CI] | gain | "
-                  f"role reward first->last | min | rollout tokens |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", f"| task | seed | base [95% CI] | constant | pass@1 | pass@{k} | compiled [95% CI] | gain | "
+                  f"role reward first->last | min | rollout tokens |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     order = {task: i for i, task in enumerate(summary)}
     lines += [_seed_line(r) for r in sorted(_measured(rows), key=lambda r: (order[r["task"]], r["seed"]))]
     notes = [f"- {r['task']} seed {r['seed']}: {'skipped' if 'skipped' in r else 'failed'}: "

@@ -26,6 +26,7 @@ def test_rows_resume_and_table(tmp_path, capsys, monkeypatch):
     assert 0.0 <= row["sampled"]["pass@1"] <= row["sampled"]["pass@k"] <= 1.0
     assert row["gain"] == pytest.approx(row["compiled"]["accuracy"] - row["base"]["accuracy"])
     assert set(row["roles"]) == {"draft", "check"} and row["rollout_tokens"] > 0
+    assert set(row["constant"]["labels"]) == {"answer"} and 0.0 <= row["constant"]["accuracy"] <= 1.0
     assert row["config"]["steps"] == 1 and row["config"]["seed"] == 1 and row["minutes"]["compile"] > 0
     base = json.loads((tmp_path / "multistep-base.json").read_text())
     assert base["figures"]["base"] == row["base"] == json.loads((tmp_path / "multistep-seed0.json").read_text())[

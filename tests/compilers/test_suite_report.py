@@ -61,8 +61,10 @@ def test_markdown_table():
     assert "| hard | hard shape | 0.0 | 6.0 | 1.0 | +1.0 [" in text and "n/a (weak base)" in text
     assert "| mid | mid shape | 30.0 | 50.0 | 35.0 | +5.0 [+5.0, +5.0] | 0 | no |" in text
     assert "Suite average gain: +24.5 [" in text and "over 3 tasks (meets the +20 bar)" in text
-    assert "| demo | 1 | 20.0 [10.0, 30.0] | 20.0 | 90.0 | 80.0 [70.0, 90.0] | +60.0 | self 10.0->40.0 | 4.0 | " \
-           "3,000 |" in text
+    assert "| demo | 1 | 20.0 [10.0, 30.0] | - | 20.0 | 90.0 | 80.0 [70.0, 90.0] | +60.0 | self 10.0->40.0 | 4.0 | " \
+           "3,000 |" in text  # a row written before the constant-answer bar was measured shows '-'
+    with_bar = markdown_table([{**ROWS[0], "constant": {"labels": {"answer": "2"}, "accuracy": 0.065}}])
+    assert "| 20.0 [10.0, 30.0] | 6.5 | 20.0 | 90.0 |" in with_bar
     seeds = [line.split(" | ")[0:2] for line in lines if line.startswith("| ") and line.split(" | ")[1].isdigit()]
     assert seeds == [["| demo", "0"], ["| demo", "1"], ["| hard", "0"], ["| hard", "1"], ["| mid", "0"]]
     assert lines[-2:] == ["- gsm8k seed 0: skipped: no data", "- mid seed 1: failed: RuntimeError: boom"]
