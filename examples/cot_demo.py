@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     after = evaluate(compiled.program, task.testset, engine, metric=math_metric, adapters=compiled.roles,
                      max_tokens=args.max_tokens, progress="held-out")
     errors = sum(c.status == "format_error" for g in after["graphs"] for c in g.calls)
-    summary = {"seed": args.seed, "overrides": overrides, "train_metric": args.train_metric, "baseline": base["accuracy"],
-               "baseline_interval": base["interval"],
+    summary = {"seed": args.seed, "overrides": overrides, "train_metric": args.train_metric,
+               "baseline": base["accuracy"], "baseline_interval": base["interval"],
                "compiled": after["accuracy"], "compiled_interval": after["interval"],
                "gain": after["accuracy"] - base["accuracy"], "format_errors_after": errors,
                "minutes": round((time.time() - t0) / 60, 1)}
