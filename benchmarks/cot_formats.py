@@ -20,25 +20,21 @@ import argparse
 import contextlib
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-
-from cot_demo import program  # noqa: E402
-
-import wfc.constrain as constrain  # noqa: E402
-from compilers.config import LoraSettings  # noqa: E402
-from compilers.remedies import group_signal  # noqa: E402
-from compilers.score import score_rollout  # noqa: E402
-from wfc.adapter import CompactChatAdapter  # noqa: E402
-from wfc.engines.base import AdapterRevision, SamplingParams  # noqa: E402
-from wfc.engines.hf import HFEngine  # noqa: E402
-from wfc.lower import run_rollouts  # noqa: E402
-from wfc.tasks import get_task  # noqa: E402
-from wfc.tasks.math import math_metric  # noqa: E402
+import wfc.constrain as constrain
+from compilers.config import LoraSettings
+from compilers.remedies import group_signal
+from compilers.score import score_rollout
+from programs.agents import math_cot
+from wfc.adapter import CompactChatAdapter
+from wfc.engines.base import AdapterRevision, SamplingParams
+from wfc.engines.hf import HFEngine
+from wfc.lower import run_rollouts
+from wfc.tasks import get_task
+from wfc.tasks.math import math_metric
 
 _BODY = r"([^\[\n]|\[[^\[\n])*"  # one line without a field marker: the free-text rule of wfc.constrain
 OPENERS = {"no_placeholder": r"[^\[\n{ ]", "no_list": r"([^\[\n{ 0-9]|[0-9]+[^.0-9\[\n])", "letter": r"[A-Za-z]"}
@@ -82,7 +78,7 @@ def run_variant(variant: str, engine, examples, *, samples: int, temperature: fl
     with patch:
         for temp, repeats in ((0.0, 1), (temperature, samples)):
             t0 = time.time()
-            graphs = run_rollouts(program(24), examples, engine, repeats=repeats, adapters=adapters, adapter=adapter,
+            graphs = run_rollouts(math_cot(24), examples, engine, repeats=repeats, adapters=adapters, adapter=adapter,
                                   sampling=SamplingParams(temperature=temp, max_tokens=64),
                                   seeds=list(range(len(examples))))
             rates = [statistics.fmean(score_rollout(math_metric, g, failure_score=0.0, metric_failure_score=0.0)

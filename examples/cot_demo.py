@@ -20,27 +20,15 @@ import json
 import time
 from pathlib import Path
 
-import dspy
-
 import wfc
 from compilers import MMGRPO, evaluate
 from compilers.grounded import grounded
 from compilers.recipes import get_recipe
-from wfc.constrain import with_budgets
+from programs.agents import math_cot
 from wfc.engines.hf import HFEngine
 from wfc.flags import add_set_flag, apply_overrides, parse_set
 from wfc.tasks import get_task
 from wfc.tasks.math import math_metric
-
-INSTRUCTIONS = "Solve the math word problem. Think briefly, then give the final number."
-
-
-def program(reasoning_tokens: int = 24) -> dspy.ChainOfThought:
-    """ChainOfThought with an integer answer and a capped reasoning field."""
-    cot = dspy.ChainOfThought(dspy.Signature("question -> answer: int", INSTRUCTIONS))
-    cot.predict.signature = with_budgets(cot.predict.signature, reasoning=reasoning_tokens)
-    return cot
-
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -62,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     run_dir = Path("runs") / (args.run_name or f"cot-seed{args.seed}")
     task = get_task("arithmetic", n_train=400, n_val=100, n_test=300, seed=1, steps=1, max_operand=20)
     engine = HFEngine("smollm2-135m")
-    prog = program(args.reasoning_tokens)
+    prog = math_cot(args.reasoning_tokens)
     t0 = time.time()
     base = evaluate(prog, task.testset, engine, metric=math_metric, adapters={}, max_tokens=args.max_tokens,
                     progress="baseline")

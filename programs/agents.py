@@ -45,6 +45,17 @@ def calculator_tools() -> list[Callable]:
     return [add, subtract, multiply, divide]
 
 
+MATH_COT_INSTRUCTIONS = "Solve the math word problem. Think briefly, then give the final number."
+
+
+def math_cot(reasoning_tokens: int = 24) -> dspy.ChainOfThought:
+    """``dspy.ChainOfThought("question -> answer: int")`` with its reasoning capped at ``reasoning_tokens``: the
+    ChainOfThought demo's program (``examples/cot_demo.py``, ``benchmarks/cot_formats.py``)."""
+    cot = dspy.ChainOfThought(dspy.Signature("question -> answer: int", MATH_COT_INSTRUCTIONS))
+    cot.predict.signature = with_budgets(cot.predict.signature, reasoning=reasoning_tokens)
+    return cot
+
+
 def calculator_agent(signature="question -> answer: int", *, max_iters: int = 3,
                      thought_tokens: int = 24) -> dspy.ReAct:
     """A ReAct agent with the calculator tools; each step's thought capped at ``thought_tokens``."""

@@ -10,6 +10,7 @@ import pytest
 from compilers.credit import verified
 from compilers.score import score_rollout
 from programs import Voting
+from programs.agents import math_cot
 from programs.calculator import MAX_EXPRESSION_CHARS, Calculate, calculate, calculated, with_calculator
 from wfc.lower import trace
 from wfc.tasks.math import math_metric
@@ -110,3 +111,10 @@ def test_verified_credit_with_the_calculator_scores_each_voter_on_its_computed_a
     verified(metric, g, metric_failure_score=0.0)
     by_text = {c.text: c.reward for c in g.calls_of("voter")}
     assert by_text == {"2 + 3 = 6": 1.0, "2 * 3 = 5": 0.0, "4 + 1": 1.0}
+
+
+def test_math_cot_caps_the_reasoning_and_types_the_answer():
+    sig = math_cot(reasoning_tokens=16).predict.signature
+    assert list(sig.output_fields) == ["reasoning", "answer"]
+    assert sig.output_fields["answer"].annotation is int
+    assert sig.output_fields["reasoning"].json_schema_extra["max_tokens"] == 16
