@@ -12,6 +12,7 @@ Variants (each one change against ``full``, the program as ``examples/cot_demo.p
 
     python benchmarks/cot_formats.py --variants full,compact,no_placeholder,no_list,letter,multiline
     python benchmarks/cot_formats.py --variants full --revision runs/cot-seed1/revisions/5/shared.safetensors
+    python benchmarks/cot_formats.py --variants full --demos 3 --demo-seed 1   # bootstrapped demos first
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from unittest import mock
 
 import wfc.constrain as constrain
 from compilers.config import LoraSettings
+from compilers.grounded import grounded
+from compilers.prompts import apply_demos, bootstrap_demos, demo_summary
 from compilers.remedies import group_signal
 from compilers.score import score_rollout
 from programs.agents import math_cot
@@ -70,7 +73,11 @@ def free_text_rule(variant: str):
     return rule
 
 
-def run_variant(variant: str, engine, examples, *, samples: int, temperature: float, adapters) -> list[dict]:
+def run_variant(variant: str, engine, examples, *, samples: int, temperature: float, adapters,
+                program=None) -> list[dict]:
+    """Greedy, then ``samples`` sampled runs of ``program`` (default ``math_cot(24)``) per example under
+    ``variant``; one row each."""
+    program = program if program is not None else math_cot(24)
     adapter = ShortPrompt() if variant == "compact" else CompactChatAdapter()
     patch = (mock.patch.object(constrain, "value_rule", free_text_rule(variant))
              if variant in OPENERS or variant == "multiline" else contextlib.nullcontext())
@@ -78,7 +85,7 @@ def run_variant(variant: str, engine, examples, *, samples: int, temperature: fl
     with patch:
         for temp, repeats in ((0.0, 1), (temperature, samples)):
             t0 = time.time()
-            graphs = run_rollouts(math_cot(24), examples, engine, repeats=repeats, adapters=adapters, adapter=adapter,
+            graphs = run_rollouts(program, examples, engine, repeats=repeats, adapters=adapters, adapter=adapter,
                                   sampling=SamplingParams(temperature=temp, max_tokens=64),
                                   seeds=list(range(len(examples))))
             rates = [statistics.fmean(score_rollout(math_metric, g, failure_score=0.0, metric_failure_score=0.0)
@@ -105,6 +112,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--samples", type=int, default=4, help="sampled runs per problem")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--revision", default=None, help="a compile's revisions/<step>/shared.safetensors to load")
+    ap.add_argument("--demos", type=int, default=0,
+                    help="bootstrap this many demos from the program's own passing runs on the trainset first")
+    ap.add_argument("--demo-metric", choices=("plain", "grounded"), default="grounded",
+                    help="what a bootstrapped run must pass: the task's metric, or it with the reasoning ending at the "
+                         "answer (compilers.grounded, conclusion=True)")
+    ap.add_argument("--demo-seed", type=int, default=0, help="which training examples the bootstrap draws")
+    ap.add_argument("--bootstrap-examples", type=int, default=64)
+    ap.add_argument("--bootstrap-repeats", type=int, default=4)
     ap.add_argument("--out", default=None, help="write the rows here as JSON")
     args = ap.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -119,10 +134,21 @@ def main(argv: list[str] | None = None) -> None:
 
         engine.load_adapters([AdapterRevision("shared", 1, LoraSettings().peft_config(), load_file(args.revision))])
         adapters = {"predict": "shared"}
+    program, boot = math_cot(24), {}
+    if args.demos:
+        metric = grounded(math_metric, conclusion=True) if args.demo_metric == "grounded" else math_metric
+        demos = bootstrap_demos(program, task.trainset, engine, metric=metric, k=args.demos, adapters=adapters,
+                                n_examples=args.bootstrap_examples, repeats=args.bootstrap_repeats, max_tokens=64,
+                                seed=args.demo_seed, stats=boot)
+        apply_demos(program, demos)
+        boot["demos"] = demo_summary(program)
+        print(json.dumps(boot, default=str), flush=True)
     rows = [r for v in variants for r in run_variant(v, engine, task.valset[:args.examples], samples=args.samples,
-                                                      temperature=args.temperature, adapters=adapters)]
+                                                      temperature=args.temperature, adapters=adapters,
+                                                      program=program)]
     if args.out:
-        Path(args.out).write_text(json.dumps({"revision": args.revision, "rows": rows}, indent=1, default=str))
+        Path(args.out).write_text(json.dumps({"revision": args.revision, "bootstrap": boot, "rows": rows}, indent=1,
+                                             default=str))
 
 
 if __name__ == "__main__":

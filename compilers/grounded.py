@@ -10,6 +10,8 @@ gives a constant answer no reward unless the reasoning arrived at it, and leaves
 Contract of ``grounded(metric, answer=..., evidence=...)(example, prediction, trace=None)``:
 - the wrapped metric's value when the ``answer`` field's text occurs in the ``evidence`` field as a whole word
   (case-insensitive; a number matches ``= 9`` but not ``19`` or ``9.5``), else 0.0;
+- with ``conclusion=True``, a numeric answer must be the evidence's last number instead (``concludes``): a demo
+  whose reasoning mentions the answer on its way to another number (``3 x 2 = 6`` for the answer ``2``) is refused;
 - 0.0 when the prediction has no ``evidence`` field or it is empty;
 - it is for training: report held-out accuracy with the plain metric.
 """
@@ -28,12 +30,27 @@ def shows(evidence: str, answer: Any) -> bool:
     return re.search(rf"(?<![\w.]){re.escape(text)}(?![\w]|\.\d)", evidence, flags=re.IGNORECASE) is not None
 
 
-def grounded(metric: Callable[..., Any], *, answer: str = "answer", evidence: str = "reasoning") -> Callable:
-    """``metric`` scoring only answers that ``evidence`` shows (module doc)."""
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def concludes(evidence: str, answer: Any) -> bool:
+    """Whether ``evidence`` ends its reasoning at ``answer``: for a numeric answer, the last number in ``evidence``
+    (thousands commas ignored) equals it; for any other answer, :func:`shows`."""
+    text = "" if answer is None else str(answer).strip().replace(",", "")
+    if not _NUMBER.fullmatch(text):
+        return shows(evidence, answer)
+    numbers = _NUMBER.findall((evidence or "").replace(",", ""))
+    return bool(numbers) and float(numbers[-1]) == float(text)
+
+
+def grounded(metric: Callable[..., Any], *, answer: str = "answer", evidence: str = "reasoning",
+             conclusion: bool = False) -> Callable:
+    """``metric`` scoring only answers that ``evidence`` shows, or with ``conclusion`` concludes (module doc)."""
+    check = concludes if conclusion else shows
 
     def grounded_metric(example, prediction, trace=None):
         reasoning = getattr(prediction, evidence, None)
-        if not reasoning or not shows(str(reasoning), getattr(prediction, answer, None)):
+        if not reasoning or not check(str(reasoning), getattr(prediction, answer, None)):
             return 0.0
         return metric(example, prediction, trace)
 

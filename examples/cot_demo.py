@@ -6,11 +6,17 @@ integer, so every call parses and GRPO sees the answers' spread. Baseline, compi
 
     python examples/cot_demo.py --seed 0            # ~20 min on 2 CPU cores
     python examples/cot_demo.py --seed 0 --train-metric grounded   # reward only answers the reasoning shows
+    python examples/cot_demo.py --seed 0 --demos 3   # first, demos from the program's own reasoned successes
 
 ``--train-metric grounded`` (``compilers.grounded``) trains on the metric only where the reasoning shows the answer:
 on this task a constant answer (``2``, 6% of the training problems) out-earns the untrained model's sampled
 reasoning, and GRPO otherwise climbs towards it on some seeds (docs/results.md). Held-out accuracy is always the
 task's plain metric.
+
+``--demos K`` is prompt optimization before the weights (``p -> w``): K demonstrations bootstrapped from the untrained
+program's own runs (64 training problems x 4 runs) whose reasoning ends at the right answer
+(``grounded(math_metric, conclusion=True)``), set on the program; compile then trains the weights with them in the
+prompt, and the artifact keeps them. The figures without and with the demos (no training) are both in the summary.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 import wfc
 from compilers import MMGRPO, evaluate
 from compilers.grounded import grounded
+from compilers.prompts import apply_demos, bootstrap_demos, demo_summary
 from compilers.recipes import get_recipe
 from programs.agents import math_cot
 from wfc.engines.hf import HFEngine
@@ -33,6 +40,7 @@ from wfc.tasks.math import math_metric
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default="smollm2-135m", help="the base model (tests: tiny)")
     ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--reasoning-tokens", type=int, default=24)
     ap.add_argument("--max-tokens", type=int, default=64, help="every call's token limit (markers included)")
@@ -40,6 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--train-metric", choices=("plain", "grounded"), default="plain",
                     help="the reward: the task's metric, or it only where the reasoning shows the answer "
                          "(compilers.grounded); held-out accuracy always uses the task's metric")
+    ap.add_argument("--demos", type=int, default=0,
+                    help="first bootstrap this many demos from the program's own runs whose reasoning concludes at a "
+                         "right answer (prompt optimization before the weights, 'p -> w'); 0: none")
     ap.add_argument("--run-name", default=None, help="runs/<name> (default cot-seed<SEED>)")
     add_set_flag(ap, what="recipe field")
     args = ap.parse_args(argv)
@@ -49,11 +60,22 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(str(exc))
     run_dir = Path("runs") / (args.run_name or f"cot-seed{args.seed}")
     task = get_task("arithmetic", n_train=400, n_val=100, n_test=300, seed=1, steps=1, max_operand=20)
-    engine = HFEngine("smollm2-135m")
+    engine = HFEngine(args.model)
     prog = math_cot(args.reasoning_tokens)
     t0 = time.time()
     base = evaluate(prog, task.testset, engine, metric=math_metric, adapters={}, max_tokens=args.max_tokens,
                     progress="baseline")
+    boot: dict = {}
+    prompted = None
+    if args.demos:  # p -> w: the demos ride in the program, so compile trains with them and the artifact keeps them
+        concluded = grounded(math_metric, conclusion=True)  # a demo's reasoning must end at its answer
+        demos = bootstrap_demos(prog, task.trainset, engine, metric=concluded, k=args.demos, n_examples=64,
+                                repeats=4, max_tokens=args.max_tokens, seed=args.seed, stats=boot)
+        apply_demos(prog, demos)
+        boot["demos"] = demo_summary(prog)
+        print(f"bootstrapped demos: {json.dumps(boot)}")
+        prompted = evaluate(prog, task.testset, engine, metric=math_metric, adapters={}, max_tokens=args.max_tokens,
+                            progress="with demos")
     recipe = apply_overrides({**get_recipe("wide-warmup"), "max_tokens": args.max_tokens, "steps": args.steps,
                               "seed": args.seed}, overrides)
     train_metric = grounded(math_metric) if args.train_metric == "grounded" else math_metric
@@ -64,6 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     errors = sum(c.status == "format_error" for g in after["graphs"] for c in g.calls)
     summary = {"seed": args.seed, "overrides": overrides, "train_metric": args.train_metric,
                "baseline": base["accuracy"], "baseline_interval": base["interval"],
+               "bootstrap": boot, "demos_only": None if prompted is None else prompted["accuracy"],
+               "demos_only_interval": None if prompted is None else prompted["interval"],
                "compiled": after["accuracy"], "compiled_interval": after["interval"],
                "gain": after["accuracy"] - base["accuracy"], "format_errors_after": errors,
                "minutes": round((time.time() - t0) / 60, 1)}

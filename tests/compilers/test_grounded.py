@@ -1,7 +1,7 @@
 import dspy
 import pytest
 
-from compilers.grounded import grounded, shows
+from compilers.grounded import concludes, grounded, shows
 from wfc.tasks.math import math_metric
 
 
@@ -38,3 +38,27 @@ def test_grounded_names_other_fields():
     example = dspy.Example(text="x", label="sports")
     assert metric(example, dspy.Prediction(notes="about Sports", label="sports")) == 1.0
     assert metric(example, dspy.Prediction(notes="about music", label="sports")) == 0.0
+
+
+@pytest.mark.parametrize("evidence, answer, expected", [
+    ("1. 13 + 7 = 20", 20, True),
+    ("1. 13 + 7 = 20 marbles.", "20", True),  # words after the last number
+    ("1. Zoe sells 3 cookies. She has 3 x 2 = 6 cookies.", 2, False),  # shown on the way, not concluded
+    ("1. 20 - 5 = 15", 15, True),
+    ("1. 3 - 5 = -2", -2, True),
+    ("1,200 + 300 = 1,500", 1500, True),  # thousands commas
+    ("7 / 2 = 3.5", 3.5, True),
+    ("no numbers here", 4, False),
+    ("", 4, False),
+    ("The topic is Sports", "sports", True),  # not a number: shows()
+])
+def test_concludes_table(evidence, answer, expected):
+    assert concludes(evidence, answer) is expected
+
+
+def test_grounded_with_conclusion_refuses_an_answer_shown_only_on_the_way():
+    metric = grounded(math_metric, conclusion=True)
+    example = dspy.Example(question="3 - 1?", answer="2")
+    assert metric(example, dspy.Prediction(reasoning="3 x 2 = 6", answer=2)) == 0.0
+    assert grounded(math_metric)(example, dspy.Prediction(reasoning="3 x 2 = 6", answer=2)) == 1.0
+    assert metric(example, dspy.Prediction(reasoning="3 - 1 = 2", answer=2)) == 1.0
