@@ -217,3 +217,28 @@ def test_choices_for_rows_of_different_adapters_in_one_batch_equal_each_run_alon
             assert got.text == want.text and got.logprobs == pytest.approx(want.logprobs, abs=2e-5)
     finally:
         engine.close()
+
+
+def test_choices_of_different_lengths_for_one_repeated_prompt_score_as_each_row_alone(tiny_engine):
+    # Regression: a batch of one prompt's repeats (a group, or pass@k's samples of one example) with choices of
+    # unequal token lengths once put the shorter choices' padding between the prompt and the choice (the shared-
+    # prefix layout), so their first token was scored from a padding column and one choice took all the mass.
+    tok = tiny_engine.tokenizer
+    choices = ("sports", "food", "weather", "music")
+    lengths = [len(tok(c, add_special_tokens=False)["input_ids"]) for c in choices]
+    assert len(set(lengths)) > 1  # the case under test: unequal lengths
+    prompt = tiny_engine.encode_prompt(MESSAGES)
+    assert len(prompt) > tiny_engine.min_shared_prefix and tiny_engine.share_prefill
+    ref = []
+    for choice in choices:
+        option = tok(choice, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        with torch.no_grad():
+            logits = tiny_engine.policy.model(input_ids=torch.tensor([prompt + option])).logits[0].float()
+        lps = torch.log_softmax(logits[len(prompt) - 1:-1], -1)
+        ref.append(float(lps.gather(1, torch.tensor(option).unsqueeze(1)).sum()))
+    log_q = torch.log_softmax(torch.tensor(ref), 0)
+    sampling = SamplingParams(choices=choices, temperature=1.0, max_tokens=8)
+    gens = tiny_engine._generate_batch([GenerationRequest(messages=MESSAGES, sampling=sampling, seed=s)
+                                        for s in range(4)], sampling)
+    for gen in gens:
+        assert sum(gen.logprobs) == pytest.approx(float(log_q[choices.index(gen.text)]), abs=1e-4)

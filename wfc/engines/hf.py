@@ -297,16 +297,17 @@ class HFEngine(BatchingEngine):
             out[i] = results[row]
         return out
 
-    def _layout(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def _layout(self, rows: list[list[int]], *, share: bool = True) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Token ids (B, L) and attention mask of a batch, and the length P of the prefix every row shares.
 
         Rows are ``prefix (P) | padding | own suffix``: the shared prefix sits at the same columns in every row so
         its key/value cache can be computed once (:meth:`_prefill_shared`), and the padding (mask 0) between it and
         each row's suffix right-aligns the suffixes, as generate needs. Positions follow the mask, so a row means
         exactly its own prompt. P is 0 (plain left padding) unless at least two distinct prompts share a prefix
-        worth it; P stays below every row's length so each row keeps at least one token of its own for generate."""
+        worth it; P stays below every row's length so each row keeps at least one token of its own for generate.
+        ``share=False``: always plain left padding (P = 0)."""
         tok = self.tokenizer
-        shared = shared_prefix(rows, min_shared=self.min_shared_prefix) if self.share_prefill else 0
+        shared = shared_prefix(rows, min_shared=self.min_shared_prefix) if self.share_prefill and share else 0
         width = max(len(r) for r in rows) - shared
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         ids = torch.full((len(rows), shared + width), pad, dtype=torch.long)
@@ -396,9 +397,11 @@ class HFEngine(BatchingEngine):
                              f"max_tokens={sampling.max_tokens}: raise max_tokens or shorten the choices")
         wanted = [r.adapter for r in requests for _ in options]
         self._check_adapters(wanted)
-        # the generation layout: suffixes right-aligned, so every row's choice ends in the last columns; positions
-        # follow the mask, so a shared prefix's columns mean the same as in the row alone
-        ids, mask, _ = self._layout([p + o for p in prompt_ids for o in options])
+        # plain left padding, so every row's choice ends in the last columns and its first token is predicted from
+        # the prompt's last token. Not the shared-prefix layout: where every row is one prompt plus a choice, its
+        # prefix is the whole prompt and a shorter choice's padding would sit between the prompt and the choice, so
+        # that choice's first token was scored from a padding column (a batch of one prompt's repeats, a group)
+        ids, mask, _ = self._layout([p + o for p in prompt_ids for o in options], share=False)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         temperature = sampling.temperature if not sampling.greedy else 1.0
         kwargs: dict[str, Any] = {}
