@@ -51,6 +51,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--demos", type=int, default=0,
                     help="first bootstrap this many demos from the program's own runs whose reasoning concludes at a "
                          "right answer (prompt optimization before the weights, 'p -> w'); 0: none")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue runs/<name> from its checkpoint (a killed run): its demos come from the checkpoint")
+    ap.add_argument("--max-batch", type=int, default=256,
+                    help="requests the engine runs together (lower it to cap memory: demos lengthen every prompt)")
     ap.add_argument("--run-name", default=None, help="runs/<name> (default cot-seed<SEED>)")
     add_set_flag(ap, what="recipe field")
     args = ap.parse_args(argv)
@@ -60,27 +64,29 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(str(exc))
     run_dir = Path("runs") / (args.run_name or f"cot-seed{args.seed}")
     task = get_task("arithmetic", n_train=400, n_val=100, n_test=300, seed=1, steps=1, max_operand=20)
-    engine = HFEngine(args.model)
+    engine = HFEngine(args.model, max_batch=args.max_batch)
     prog = math_cot(args.reasoning_tokens)
     t0 = time.time()
     base = evaluate(prog, task.testset, engine, metric=math_metric, adapters={}, max_tokens=args.max_tokens,
                     progress="baseline")
-    boot: dict = {}
-    prompted = None
-    if args.demos:  # p -> w: the demos ride in the program, so compile trains with them and the artifact keeps them
+    boot: dict = {"resumed": True} if args.resume else {}
+    # p -> w: the demos ride in the program, so compile trains with them and the artifact keeps them
+    if args.demos and not args.resume:
         concluded = grounded(math_metric, conclusion=True)  # a demo's reasoning must end at its answer
         demos = bootstrap_demos(prog, task.trainset, engine, metric=concluded, k=args.demos, n_examples=64,
                                 repeats=4, max_tokens=args.max_tokens, seed=args.seed, stats=boot)
         apply_demos(prog, demos)
         boot["demos"] = demo_summary(prog)
         print(f"bootstrapped demos: {json.dumps(boot)}")
-        prompted = evaluate(prog, task.testset, engine, metric=math_metric, adapters={}, max_tokens=args.max_tokens,
-                            progress="with demos")
     recipe = apply_overrides({**get_recipe("wide-warmup"), "max_tokens": args.max_tokens, "steps": args.steps,
                               "seed": args.seed}, overrides)
     train_metric = grounded(math_metric) if args.train_metric == "grounded" else math_metric
     compiled = MMGRPO(train_metric, **recipe).compile(prog, trainset=task.trainset, valset=task.valset, engine=engine,
-                                                     run_dir=run_dir)
+                                                     run_dir=run_dir, resume=run_dir if args.resume else None)
+    prompted = None
+    if demo_summary(compiled.program):  # the demos alone: the compiled program's prompt on the untrained model
+        prompted = evaluate(compiled.program, task.testset, engine, metric=math_metric, adapters={},
+                            max_tokens=args.max_tokens, progress="demos only")
     after = evaluate(compiled.program, task.testset, engine, metric=math_metric, adapters=compiled.roles,
                      max_tokens=args.max_tokens, progress="held-out")
     errors = sum(c.status == "format_error" for g in after["graphs"] for c in g.calls)
