@@ -4,17 +4,18 @@ Every call is decoded under its signature's grammar (``wfc.constrain``): the ``[
 ``[[ ## answer ## ]]`` sections are forced, the reasoning gets a budget of ``--reasoning-tokens`` and the answer is an
 integer, so every call parses and GRPO sees the answers' spread. Baseline, compile, held-out accuracy, artifact.
 
-    python examples/cot_demo.py --seed 0            # ~20 min on 2 CPU cores
+    python examples/cot_demo.py --seed 0            # 3 demos, then the weights: ~45 min on 2 CPU cores
+    python examples/cot_demo.py --seed 0 --demos 0  # the weights alone (seeds 1-2 collapse: docs/results.md)
     python examples/cot_demo.py --seed 0 --train-metric grounded   # reward only answers the reasoning shows
-    python examples/cot_demo.py --seed 0 --demos 3   # first, demos from the program's own reasoned successes
+    python examples/cot_demo.py --seed 2 --resume --max-batch 64   # continue a killed run from its checkpoint
 
 ``--train-metric grounded`` (``compilers.grounded``) trains on the metric only where the reasoning shows the answer:
 on this task a constant answer (``2``, 6% of the training problems) out-earns the untrained model's sampled
 reasoning, and GRPO otherwise climbs towards it on some seeds (docs/results.md). Held-out accuracy is always the
 task's plain metric.
 
-``--demos K`` is prompt optimization before the weights (``p -> w``): K demonstrations bootstrapped from the untrained
-program's own runs (64 training problems x 4 runs) whose reasoning ends at the right answer
+``--demos K`` (default 3) is prompt optimization before the weights (``p -> w``): K demonstrations bootstrapped from
+the untrained program's own runs (64 training problems x 4 runs) whose reasoning ends at the right answer
 (``grounded(math_metric, conclusion=True)``), set on the program; compile then trains the weights with them in the
 prompt, and the artifact keeps them. The figures without and with the demos (no training) are both in the summary.
 """
@@ -48,9 +49,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--train-metric", choices=("plain", "grounded"), default="plain",
                     help="the reward: the task's metric, or it only where the reasoning shows the answer "
                          "(compilers.grounded); held-out accuracy always uses the task's metric")
-    ap.add_argument("--demos", type=int, default=0,
+    ap.add_argument("--demos", type=int, default=3,
                     help="first bootstrap this many demos from the program's own runs whose reasoning concludes at a "
-                         "right answer (prompt optimization before the weights, 'p -> w'); 0: none")
+                         "right answer (prompt optimization before the weights, 'p -> w'); 0: none [3, chosen on "
+                         "validation over three seeds: docs/results.md]")
     ap.add_argument("--resume", action="store_true",
                     help="continue runs/<name> from its checkpoint (a killed run): its demos come from the checkpoint")
     ap.add_argument("--max-batch", type=int, default=256,
