@@ -264,8 +264,10 @@ class CompileRun:
         demos, boot = self.distributed.broadcast((demos, boot))
         counts = apply_demos(self.student, demos)
         st.loop.spent += boot["completion_tokens"]
-        self.log.append({"kind": "demos", "strategy": strategy.name, "counts": counts, **boot,
-                         "seconds": round(time.time() - t0, 2)})
+        record = {"kind": "demos", "strategy": strategy.name, "counts": counts, **boot,
+                  "seconds": round(time.time() - t0, 2)}
+        self.log.append(record)
+        self.state.loop.history.append(record)  # the manifest's history says how the demos were found
         if self.progress:
             print(f"bootstrapped demos per role: {counts} ({time.time() - t0:.0f}s)")
         if not strategy.weights:

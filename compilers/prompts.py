@@ -16,7 +16,10 @@ Two DSPy rules, in this order, keyed by role path (two roles built from one Sign
 2. ``BootstrapFewShot`` for the rest, with the labeled demos already in place: run the program on training examples
    (greedy once, then sampled), keep the runs the metric passes, and take each remaining role's own call of a kept
    run (its input values and its parsed outputs, as the model wrote them) as its demo; of an example's passing calls
-   of a role, the shortest one that ended on its own (not cut at ``max_tokens``).
+   of a role, the shortest one that ended on its own (not cut at ``max_tokens``). A call with a ``reasoning`` output
+   (``dspy.ChainOfThought``) and one answer field is a demo only if its reasoning ends at that answer
+   (:func:`reasoning_concludes`): a demo whose reasoning reaches ``3 x 2 = 6`` and answers ``2`` passes the metric
+   but teaches answering apart from the reasoning (seen on the ChainOfThought demo, docs/results.md).
 
 A third kind, per run rather than per role: :func:`retrieval_pools` builds, for every labeled role, a pool of
 gold-labeled training examples from which each run is shown the nearest to its own task (``retrieved_demos=K``;
@@ -41,10 +44,14 @@ from typing import Any, Callable, Mapping, Sequence
 import dspy
 
 from compilers.credit import FULL_MARKS
+from compilers.grounded import concludes
 from compilers.score import call_metric, score_rollout
 from wfc.engines.base import SamplingParams
 from wfc.lower import roles, run_rollouts
 from wfc.retrieve import DemoRetriever
+
+
+REASONING = "reasoning"  # the output field dspy.ChainOfThought puts before a signature's own outputs
 
 
 @dataclass(frozen=True)
@@ -193,6 +200,8 @@ def _bootstrap(program: dspy.Module, pool: list, engine, demos: dict[str, list[d
                         metric, graph.example, {f: call.outputs[f] for f in final},
                         metric_failure_score=metric_failure_score) < FULL_MARKS:
                     continue
+                if not reasoning_concludes(call.outputs):
+                    continue
                 # the shortest passing call that ended on its own: a demo cut off at max_tokens teaches rambling
                 key = (call.finish_reason == "length", len(call.completion_ids))
                 if call.role not in best or key < best[call.role][0]:
@@ -200,6 +209,19 @@ def _bootstrap(program: dspy.Module, pool: list, engine, demos: dict[str, list[d
         for role, (_, inputs, outputs) in best.items():
             if len(demos[role]) < k:
                 demos[role].append(dspy.Example(**inputs, **outputs).with_inputs(*inputs))
+
+
+def reasoning_concludes(outputs: Mapping[str, Any], *, reasoning: str = REASONING) -> bool:
+    """Whether a call's ``reasoning`` ends at its answer (rule 2's filter for ChainOfThought-style roles): True when
+    the outputs have no ``reasoning`` field or more than one other field (nothing to check against); else
+    ``compilers.grounded.concludes(reasoning, answer)``: a numeric answer must be the reasoning's last number, any
+    other must occur in it."""
+    if reasoning not in outputs:
+        return True
+    answers = [f for f in outputs if f != reasoning]
+    if len(answers) != 1:
+        return True
+    return concludes(str(outputs[reasoning] or ""), outputs[answers[0]])
 
 
 def apply_demos(program: dspy.Module, demos: Mapping[str, list[dspy.Example]]) -> dict[str, int]:

@@ -53,6 +53,7 @@ from compilers.loss import policy_loss
 from compilers.offpolicy import merge_mismatch, mismatch_stats, truncated_importance_weights
 from compilers.packing import ATTENTION_TOKENS, packed_length, packed_logprobs, plan_microbatches, row_cost
 from wfc.constrain import GrammarMasks, forced
+from wfc.memory import release_freed_memory
 from wfc.policy import Policy
 
 # A pack joins a micro-batch only when it is at least this share of the batch's longest pack: the quadratic cost
@@ -552,6 +553,7 @@ def update_rows(policy, optimizers: AdapterOptimizers, rows: list[Row], *, confi
             out[adapter] = st
             if st["trained_rows"]:
                 policy.mark_changed(adapter)
+    release_freed_memory()  # the step's activations are freed: give their pages back (wfc.memory)
     return out
 
 

@@ -14,10 +14,11 @@ on this task a constant answer (``2``, 6% of the training problems) out-earns th
 reasoning, and GRPO otherwise climbs towards it on some seeds (docs/results.md). Held-out accuracy is always the
 task's plain metric.
 
-``--demos K`` (default 3) is prompt optimization before the weights (``p -> w``): K demonstrations bootstrapped from
-the untrained program's own runs (64 training problems x 4 runs) whose reasoning ends at the right answer
-(``grounded(math_metric, conclusion=True)``), set on the program; compile then trains the weights with them in the
-prompt, and the artifact keeps them. The figures without and with the demos (no training) are both in the summary.
+``--demos K`` (default 3) is prompt optimization before the weights, MMGRPO's ``strategy="p -> w"``: K demonstrations
+bootstrapped from the untrained program's own passing runs (64 training problems x 4 runs, greedy first) whose
+reasoning ends at their answer (``compilers.prompts.reasoning_concludes``), set on the program; compile then trains
+the weights with them in the prompt, and the artifact keeps them. The figures without and with the demos (no
+training) are both in the summary.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 import wfc
 from compilers import MMGRPO, evaluate
 from compilers.grounded import grounded
-from compilers.prompts import apply_demos, bootstrap_demos, demo_summary
+from compilers.prompts import demo_summary
 from compilers.recipes import get_recipe
 from programs.agents import math_cot
 from wfc.engines.hf import HFEngine
@@ -71,20 +72,14 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.time()
     base = evaluate(prog, task.testset, engine, metric=math_metric, adapters={}, max_tokens=args.max_tokens,
                     progress="baseline")
-    boot: dict = {"resumed": True} if args.resume else {}
     # p -> w: the demos ride in the program, so compile trains with them and the artifact keeps them
-    if args.demos and not args.resume:
-        concluded = grounded(math_metric, conclusion=True)  # a demo's reasoning must end at its answer
-        demos = bootstrap_demos(prog, task.trainset, engine, metric=concluded, k=args.demos, n_examples=64,
-                                repeats=4, max_tokens=args.max_tokens, seed=args.seed, stats=boot)
-        apply_demos(prog, demos)
-        boot["demos"] = demo_summary(prog)
-        print(f"bootstrapped demos: {json.dumps(boot)}")
+    demos = {"strategy": "p -> w", "demos_per_role": args.demos, "bootstrap_examples": 64, "bootstrap_repeats": 4}
     recipe = apply_overrides({**get_recipe("wide-warmup"), "max_tokens": args.max_tokens, "steps": args.steps,
-                              "seed": args.seed}, overrides)
+                              "seed": args.seed, **(demos if args.demos else {})}, overrides)
     train_metric = grounded(math_metric) if args.train_metric == "grounded" else math_metric
     compiled = MMGRPO(train_metric, **recipe).compile(prog, trainset=task.trainset, valset=task.valset, engine=engine,
                                                      run_dir=run_dir, resume=run_dir if args.resume else None)
+    boot = next((r for r in compiled.manifest.history if r["kind"] == "demos"), {})
     prompted = None
     if demo_summary(compiled.program):  # the demos alone: the compiled program's prompt on the untrained model
         prompted = evaluate(compiled.program, task.testset, engine, metric=math_metric, adapters={},

@@ -2,6 +2,9 @@ import dspy
 import pytest
 
 from compilers.grounded import concludes, grounded, shows
+from compilers.prompts import bootstrap_demos, reasoning_concludes
+from programs.agents import math_cot
+from wfc.engines.fake import ScriptedEngine
 from wfc.tasks.math import math_metric
 
 
@@ -62,3 +65,31 @@ def test_grounded_with_conclusion_refuses_an_answer_shown_only_on_the_way():
     assert metric(example, dspy.Prediction(reasoning="3 x 2 = 6", answer=2)) == 0.0
     assert grounded(math_metric)(example, dspy.Prediction(reasoning="3 x 2 = 6", answer=2)) == 1.0
     assert metric(example, dspy.Prediction(reasoning="3 - 1 = 2", answer=2)) == 1.0
+
+
+@pytest.mark.parametrize("outputs, expected", [
+    ({"reasoning": "1. 13 + 7 = 20", "answer": 20}, True),
+    ({"reasoning": "1. 3 x 2 = 6", "answer": 2}, False),  # the answer occurs on the way to another number
+    ({"reasoning": "", "answer": 20}, False),
+    ({"reasoning": None, "answer": 20}, False),
+    ({"reasoning": "it is about football", "label": "sports"}, False),  # a text answer must occur in it
+    ({"reasoning": "a sports story", "label": "sports"}, True),
+    ({"answer": 20}, True),  # no reasoning field: nothing to check
+    ({"reasoning": "1. 2 + 2 = 4", "name": "Ann", "age": 4}, True),  # several answer fields: not checked
+])
+def test_reasoning_concludes_table(outputs, expected):
+    assert reasoning_concludes(outputs) is expected
+
+
+def test_bootstrap_keeps_only_demos_whose_reasoning_ends_at_the_answer():
+    # both scripted answers are right (the metric passes both); only the second one's reasoning ends at it
+    train = [dspy.Example(question="What is 3 x 2 - 4?", answer="2").with_inputs("question"),
+             dspy.Example(question="What is 13 + 7?", answer="20").with_inputs("question")]
+    engine = ScriptedEngine({
+        "3 x 2": "[[ ## reasoning ## ]]\n1. 3 x 2 = 6\n\n[[ ## answer ## ]]\n2\n\n[[ ## completed ## ]]",
+        "13 + 7": "[[ ## reasoning ## ]]\n1. 13 + 7 = 20\n\n[[ ## answer ## ]]\n20\n\n[[ ## completed ## ]]"})
+    stats: dict = {}
+    demos = bootstrap_demos(math_cot(), train, engine, metric=math_metric, k=2, n_examples=2, repeats=1, seed=0,
+                            stats=stats)
+    assert stats["passing_runs"] == 2  # both passed the metric
+    assert [(d.question, d.answer) for d in demos["predict"]] == [("What is 13 + 7?", 20)]

@@ -32,6 +32,7 @@ import torch
 from wfc.constrain import GrammarMasks, additive_mask
 from wfc.engines.base import AdapterRevision, Generation, GenerationRequest, SamplingParams
 from wfc.engines.batching import BatchingEngine
+from wfc.memory import release_freed_memory
 from wfc.models import ModelHandle
 from wfc.policy import Policy
 
@@ -292,6 +293,7 @@ class HFEngine(BatchingEngine):
         for part in parts:
             for row, gen in zip(part, run([ordered[i] for i in part], sampling, [ids[i] for i in part])):
                 results[row] = gen
+        release_freed_memory()  # the batch's activations and caches are freed: give their pages back (wfc.memory)
         out: list[Generation] = [None] * len(requests)  # type: ignore[list-item]
         for row, i in enumerate(order):
             out[i] = results[row]
