@@ -50,7 +50,7 @@ from compilers.distributed import Distributed, SingleProcess
 from compilers.group import Group
 from compilers.guards import balance_weights, member_key, role_mass
 from compilers.loss import policy_loss
-from compilers.offpolicy import merge_mismatch, mismatch_stats, truncated_importance_weights
+from compilers.offpolicy import merge_mismatch, mismatch_stats
 from compilers.packing import ATTENTION_TOKENS, packed_length, packed_logprobs, plan_microbatches, row_cost
 from wfc.constrain import GrammarMasks, forced
 from wfc.memory import release_freed_memory
