@@ -300,8 +300,8 @@ class CompileRun:
         the probe (``pass_rate_probe``) after it measures the warmed program, which GRPO starts from.
 
         A ``warm_start`` record (also in the manifest's history): ``runs_per_example``, ``runs``, ``passing_runs``,
-        ``examples_passed``, ``successes`` (role -> calls kept), ``duplicates`` and ``capped`` (left out),
-        ``completion_tokens`` (counted in ``max_rollout_tokens``), ``trained``, ``optimizer_steps``,
+        ``examples_passed``, ``successes`` (role -> calls kept), ``duplicates``, ``capped`` and ``unconcluded`` (left
+        out), ``completion_tokens`` (counted in ``max_rollout_tokens``), ``trained``, ``optimizer_steps``,
         ``learning_rates``, ``loss_before`` / ``loss_after`` (token-mean NLL of the successes, ``"all"`` and per
         role; None when not trained), ``skipped`` (why not, or None), ``seconds``. No success: nothing is trained,
         ``skipped`` says so and a warning repeats it. The step-0 validation after it is what the warm start alone
@@ -322,8 +322,8 @@ class CompileRun:
         rates = {a: warm.warm_start_lr or r for a, r in self.rates.items()}
         record = {"kind": "warm_start", "runs_per_example": runs_per_example, **counts,
                   "successes": role_counts(harvest.kept, self.trained), "duplicates": harvest.duplicates,
-                  "capped": harvest.capped, "trained": bool(harvest.kept), "optimizer_steps": 0,
-                  "learning_rates": rates, "loss_before": None, "loss_after": None, "skipped": None}
+                  "capped": harvest.capped, "unconcluded": harvest.unconcluded, "trained": bool(harvest.kept),
+                  "optimizer_steps": 0, "learning_rates": rates, "loss_before": None, "loss_after": None, "skipped": None}
         if harvest.kept:
             record.update(fine_tune(self.policy, sft_rows(harvest.kept, self.role_adapters), config=warm,
                                     update=sec.update, guards=sec.guards, temperature=sec.sampling.temperature,

@@ -5,8 +5,10 @@ is the stage; this module holds its data rules and its training loop.
 Data model: ``rollouts[e]`` are the scored, sampled runs of training example ``e``. A run *passes* when it finished
 (status ``ok``) and scored full marks (``compilers.credit.FULL_MARKS``, the rule bootstrapped demos use). A
 *success* is a call of a trained role in a passing run with status ``ok`` and a non-empty completion (a call cut at
-its token budget counts: its run passed on what it wrote). Its prompt ids and completion ids are exactly what the
-engine saw and produced, so a success is the program's own behaviour.
+its token budget counts: its run passed on what it wrote) whose reasoning, if it has a ``reasoning`` output, ends at
+its answer (``compilers.prompts.reasoning_concludes``, as for bootstrapped demos; ``unconcluded`` counts the rest).
+Its prompt ids and completion ids are exactly what the engine saw and produced, so a success is the program's own
+behaviour.
 
 Invariants (tested): successes keep run order (example, then run, then call id); an example gives a role each
 distinct (prompt ids, completion ids) once (``duplicates`` counts the rest); ``max_per_example`` caps one example's
@@ -30,6 +32,7 @@ from typing import Any, Mapping, Sequence
 from compilers.config import GuardsConfig, UpdateConfig, WarmStartConfig
 from compilers.credit import FULL_MARKS
 from compilers.distributed import Distributed
+from compilers.prompts import reasoning_concludes
 from compilers.update import AdapterOptimizers, Row, completion_nll, update_rows
 from wfc.lower import derive_seed
 from wfc.rollout import CallNode, RolloutGraph
@@ -49,6 +52,7 @@ class Harvest:
     kept: list[Success] = field(default_factory=list)
     duplicates: int = 0  # successes equal to one already kept for the same example and role
     capped: int = 0  # distinct successes past ``max_per_example``
+    unconcluded: int = 0  # calls whose reasoning does not end at their answer (compilers.prompts.reasoning_concludes)
 
 
 def passes(graph: RolloutGraph) -> bool:
@@ -74,6 +78,9 @@ def successes(rollouts: Sequence[Sequence[RolloutGraph]], roles: Sequence[str], 
                 continue
             for call in graph.calls:
                 if call.role not in wanted or call.status != "ok" or not call.completion_ids:
+                    continue
+                if not reasoning_concludes(call.outputs or {}):  # the rule bootstrapped demos follow
+                    out.unconcluded += 1
                     continue
                 key = (tuple(call.prompt_ids), tuple(call.completion_ids))
                 mine = seen.setdefault(call.role, set())

@@ -78,6 +78,15 @@ def test_a_frozen_role_is_never_a_success_and_the_same_call_in_another_example_c
     assert kept(successes(again, ["A"])) == [(0, "A", [1], [3]), (1, "A", [1], [3])]
 
 
+def test_a_call_whose_reasoning_does_not_end_at_its_answer_is_not_a_success():
+    rollouts = [[run(1.0, call(0, "A", [1], [3], outputs={"reasoning": "1. 3 x 2 = 6", "answer": 2}),
+                     call(1, "A", [1], [4], outputs={"reasoning": "1. 6 - 4 = 2", "answer": 2}),
+                     call(2, "B", [5], [6], outputs={"answer": 2}))]]  # no reasoning: nothing to check
+    h = successes(rollouts, ["A", "B"])
+    assert kept(h) == [(0, "A", [1], [4]), (0, "B", [5], [6])]
+    assert h.unconcluded == 1
+
+
 def test_run_counts_and_passes():
     # tokens: example 0 has 2 + 2 + 2 + 1, example 1 has 1 + 1 + 1 + 0 + 1 and 1
     assert run_counts(table()) == {"runs": 6, "passing_runs": 3, "examples_passed": 2, "completion_tokens": 12}
