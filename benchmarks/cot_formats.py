@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="bootstrap this many demos from the program's own passing runs on the trainset first")
     ap.add_argument("--demo-metric", choices=("plain", "grounded"), default="grounded",
                     help="what a bootstrapped run must pass: the task's metric, or it with the reasoning ending at the "
-                         "answer (compilers.grounded, conclusion=True)")
+                         "answer (compilers.grounded, conclusion=True); since stop 55 the bootstrap keeps only calls "
+                         "whose reasoning ends at their answer either way (compilers.prompts.reasoning_concludes)")
     ap.add_argument("--demo-seed", type=int, default=0, help="which training examples the bootstrap draws")
     ap.add_argument("--bootstrap-examples", type=int, default=64)
     ap.add_argument("--bootstrap-repeats", type=int, default=4)
