@@ -37,7 +37,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # how a role's call becomes chat messages and a grammar
     ("prompts", ("wfc.adapter", "wfc.constrain")),
     # generate: base models, the trainer's policy (its weights and adapters), the engines behind one protocol
-    ("engines", ("wfc.models", "wfc.attention", "wfc.adapter_files", "wfc.policy", "wfc.engines", "wfc.engines.*")),
+    ("engines", ("wfc.models", "wfc.attention", "wfc.memory", "wfc.adapter_files", "wfc.policy", "wfc.engines",
+                 "wfc.engines.*")),
     # lower: run a program on an engine and record its rollout graph; load user programs
     ("lower", ("wfc.lower", "wfc.rolegraph", "wfc.lm", "wfc.imports")),
     # export: the artifact (program + adapters + manifest), its source record, composing its roles; the wfc facade
