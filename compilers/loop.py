@@ -323,7 +323,8 @@ class CompileRun:
         record = {"kind": "warm_start", "runs_per_example": runs_per_example, **counts,
                   "successes": role_counts(harvest.kept, self.trained), "duplicates": harvest.duplicates,
                   "capped": harvest.capped, "unconcluded": harvest.unconcluded, "trained": bool(harvest.kept),
-                  "optimizer_steps": 0, "learning_rates": rates, "loss_before": None, "loss_after": None, "skipped": None}
+                  "optimizer_steps": 0, "learning_rates": rates, "loss_before": None, "loss_after": None,
+                  "skipped": None}
         if harvest.kept:
             record.update(fine_tune(self.policy, sft_rows(harvest.kept, self.role_adapters), config=warm,
                                     update=sec.update, guards=sec.guards, temperature=sec.sampling.temperature,
