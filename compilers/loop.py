@@ -128,6 +128,7 @@ class CompileRun:
                  evaluate: Callable, update: Callable):
         """The inputs, checked: a checkpoint to resume is verified before any model work (a bad one fails fast)."""
         self.metric, self.cfg, self.program = metric, cfg, program
+        self.lockstep_timeouts_seen = 0  # the engine's count at the last step record (``lockstep_timeouts``)
         self.sections = cfg.sections()  # what each stage reads: its own section
         self.evaluate, self.update_adapters = evaluate, update
         self.run_dir = resume_dir(resume, run_dir)
@@ -718,6 +719,10 @@ class CompileRun:
         sec, graphs, drawing = self.sections, s.graphs, s.drawing
         guards = sec.guards
         add_guard_stats(s.per_role, s.groups, s.weights, s.upd, self.role_adapters, self.optimizers)
+        # Batches a cohort's timeout let go since the last step: > 0 means this step's batches followed thread
+        # timing (a member blocked outside the engine), so a seeded rerun may differ from here (wfc.engines.cohort).
+        timeouts = getattr(self.engine, "batching_stats", {}).get("lockstep_timeouts", 0)
+        timeouts, self.lockstep_timeouts_seen = timeouts - self.lockstep_timeouts_seen, timeouts
         return {
             "kind": "step", "step": s.step,
             # over every rollout drawn (dynamic sampling trains on a subset; this is how the policy does)
@@ -737,6 +742,7 @@ class CompileRun:
             "logprob_mismatch": merge_mismatch([u.get("logprob_mismatch", {}) for u in s.upd.values()]),
             "importance_correction": sec.update.importance_correction,
             "groups": len(s.groups),
+            "lockstep_timeouts": timeouts,
             "adapters": s.upd,
             "roles": s.per_role,
             "guards": {"fanout_scaling": guards.fanout_scaling,

@@ -22,8 +22,9 @@ The stop is a ``BaseException`` so that a program's own ``except Exception`` (a 
 cannot swallow it.
 
 Seeded rollouts: ``trace(..., seed=s)`` gives every call its own sampling seed, ``derive_seed(s, role, branch path,
-count)``, so a rollout samples the same tokens however its calls fall into the engine's batches (which follow thread
-timing) and numbers them the same way.
+count)``, so a rollout samples the same tokens from the same logits and numbers them the same way. The logits
+themselves depend on a batch's layout in their last float digits; ``run_rollouts`` and ``parallel_map`` run their
+threads as one cohort (``wfc.engines.cohort``), so a batching engine forms the same batches whatever the timing.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import hashlib
 import itertools
 import threading
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Mapping
 
 import dspy
@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from wfc.adapter import CompactChatAdapter
 from wfc.constrain import DEFAULT_FIELD_TOKENS, field_budgets, react_tools, signature_grammar
 from wfc.engines.base import Engine, GenerationRequest, SamplingParams
+from wfc.engines.cohort import cohort_map
 from wfc.retrieve import select_demos
 from wfc.rollout import CallNode, RolloutGraph
 
@@ -374,7 +375,9 @@ def _attach_inputs(program: dspy.Module, dspy_trace: list, calls: list[CallNode]
 
 def parallel_map(fn: Callable, items: Iterable, *, max_workers: int | None = None) -> list:
     """``[fn(x) for x in items]`` on threads, each in a copy of the caller's context (so ``dspy.context`` settings
-    follow). Use it for fan-out inside programs: the engine batches the concurrent calls into one generate."""
+    follow). Use it for fan-out inside programs: the engine batches the concurrent calls into one generate. The
+    threads are members of the caller's cohort, or of a new one (``wfc.engines.cohort``): an engine batches their
+    calls the same way however the threads are timed."""
     items = list(items)
     if not items:
         return []
@@ -385,9 +388,7 @@ def parallel_map(fn: Callable, items: Iterable, *, max_workers: int | None = Non
         ctx = contextvars.copy_context()
         ctx.run(_BRANCH.set, branch + (i,))  # item i's calls are placed in branch i (module doc)
         contexts.append(ctx)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(ctx.run, fn, x) for ctx, x in zip(contexts, items)]
-        return [f.result() for f in futures]
+    return cohort_map(fn, items, contexts, workers)
 
 
 def run_rollouts(program: dspy.Module, examples: list, engine: Engine, *, repeats: int = 1,
