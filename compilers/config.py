@@ -181,7 +181,8 @@ class SamplingConfig(Section):
     rollout_workers: int = Field(
         256, ge=1, description="training rollouts in flight at once (threads). Every training call samples with "
                                "a seed of its own (seed, step, example, rollout, role, fan-out branch), so a seeded "
-                               "compile draws the same tokens at any setting, float rounding of batch layouts aside")
+                               "compile draws the same tokens at any setting, float rounding of batch layouts aside; "
+                               "at one setting the batches repeat too (wfc.engines.cohort)")
     skip_frozen: bool = Field(
         False, description="training rollouts end at a frozen role's first call (not generated, no tokens spent) "
                            "and are scored on the latest answer before it (wfc.lower, stopped rollouts). For "

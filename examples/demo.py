@@ -3,8 +3,9 @@
 The preset (``compilers.presets.arithmetic``): Voting(n=3, skip_unanimous=True) on one-step problems, compiled with
 the ``wide-warmup`` recipe (``compilers.recipes``) for 14 steps on one shared LoRA adapter. Prints the role graph and
 the held-out accuracy on 300 problems before and after (95% intervals), saves the artifact, loads it back and answers
-one question; ``RUN_DIR/summary.json`` records the run. Every training call samples with its own seed, so a seed's
-run repeats. Figures per seed: docs/results.md, "The demo's figures, per seed".
+one question; ``RUN_DIR/summary.json`` records the run. Every training call samples with its own seed and the engine's
+batches do not follow thread timing (``wfc.engines.cohort``), so a seed's run repeats. Figures per seed:
+docs/results.md, "The demo's figures, per seed".
 
 Environment: WFC_DEMO_SEED (default 0: training seed), WFC_DEMO_STEPS (default 14), WFC_DEMO_OUT (artifact dir),
 WFC_DEMO_RUN_DIR (default runs/demo-seed<SEED>: checkpoints, metrics.jsonl, summary.json),

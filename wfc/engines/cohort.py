@@ -20,7 +20,8 @@ which the engine could fire without it:
 
 Invariants: ``active`` counts the slots of threads that are running or waiting; ``0 <= waiting <= active`` whenever
 an engine checks, unless threads the cohort does not count submit as members (a program's own thread pool that copies
-contexts: the batch then goes when the counted ones wait). A member blocked on anything other than an engine (a
+contexts) or a member submits several requests before it waits: the batch then goes as soon as the count is reached,
+so such programs run, but their batches may follow timing. A member blocked on anything other than an engine (a
 slow tool, a thread pool of its own that does not copy contexts, such as ``dspy.Parallel``) holds the batch back, so
 an engine that sees no member submit or leave for ``lockstep_timeout_s`` lets it go anyway and counts it
 (``BatchingEngine.batching_stats``): such programs still run, batched by timing.
