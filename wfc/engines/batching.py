@@ -45,6 +45,11 @@ class _Pending(NamedTuple):
     cohort: Cohort | None
 
 
+def _cohorts(pending: list[_Pending]) -> dict[int, Cohort]:
+    """The distinct cohorts of ``pending``'s members, by identity."""
+    return {id(p.cohort): p.cohort for p in pending if p.cohort is not None}
+
+
 class BatchingEngine:
     """Base of engines that batch concurrent ``submit`` calls. Subclasses implement ``_generate_batch``."""
 
@@ -115,8 +120,9 @@ class BatchingEngine:
                 self._worker.start()
 
     def _wait_left(self, now: float) -> float:
-        """Seconds until the pending requests go (module doc), 0.0 when they go now; called under ``_cond``."""
-        cohorts = {id(p.cohort): p.cohort for p in self._pending if p.cohort is not None}
+        """Seconds until the pending requests go (module doc), 0.0 when they go now, and then counted in
+        ``batching_stats`` by the rule that let a cohort's batch go; called under ``_cond``."""
+        cohorts = _cohorts(self._pending)
         if cohorts:
             if all(c.complete() for c in cohorts.values()):
                 self._lockstep["lockstep_batches"] += 1
@@ -148,7 +154,7 @@ class BatchingEngine:
                 self._cond.wait(timeout=left)
             taken, self._pending = self._pending, []
         members = [p for p in taken if p.cohort is not None]
-        for cohort in {id(p.cohort): p.cohort for p in members}.values():
+        for cohort in _cohorts(members).values():
             cohort.taken(sum(p.cohort is cohort for p in members))
         members.sort(key=lambda p: request_order(p.request))
         return members + [p for p in taken if p.cohort is None]
