@@ -137,3 +137,43 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
     notes = [f"- {r['task']} seed {r['seed']}: {'skipped' if 'skipped' in r else 'failed'}: "
              f"{r.get('skipped') or r.get('error')}" for r in rows if r not in _measured(rows)]
     return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def remedy_figures(row: Mapping[str, Any], log: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One remedy arm's run (a suite ``row`` and its run's step-log records ``log``): held-out ``compiled``
+    accuracy and ``interval``, ``gain``, ``steps`` run, ``signal_steps`` (steps where at least one drawn example
+    had two different rewards), ``rollout_tokens`` (the budgeted figure, warm start and probe included),
+    ``warm_successes`` (the warm start's kept successes over its roles; None without a warm start),
+    ``probe_pass_rate`` (None without a probe), ``best_step`` and compile ``minutes``."""
+    steps = [r for r in log if r.get("kind") == "step"]
+    warm = [r for r in log if r.get("kind") == "warm_start"]
+    probe = [r for r in log if r.get("kind") == "probe"]
+    return {"compiled": row["compiled"]["accuracy"], "interval": tuple(row["compiled"]["interval"]),
+            "gain": row["gain"], "steps": len(steps),
+            "signal_steps": sum(r["starvation"]["flat"] < r["starvation"]["drawn"] for r in steps),
+            "rollout_tokens": row["rollout_tokens"],
+            "warm_successes": sum(warm[-1]["successes"].values()) if warm else None,
+            "probe_pass_rate": probe[-1]["pass_rate"] if probe else None,
+            "best_step": row.get("best_step"), "minutes": row["minutes"]["compile"]}
+
+
+def remedy_table(arms: Mapping[str, tuple[str, Sequence[Mapping[str, Any]]]]) -> str:
+    """The remedy table: per arm (name -> (its settings, its per-seed :func:`remedy_figures`), in the given order)
+    the mean held-out accuracy, the gain's 95% t-interval over seeds, then per seed: signal steps / steps, rollout
+    tokens, warm-start successes, probe pass rate, best step, minutes. Arms with no measured seed are listed as
+    not run."""
+    lines = ["| arm | settings | seeds | compiled | gain [95% CI] | signal steps | rollout tokens | warm-start "
+             "successes | probe pass rate | best step | min |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, (settings, figs) in arms.items():
+        if not figs:
+            lines.append(f"| {name} | {settings} | - | not run | | | | | | | |")
+            continue
+        per = lambda key, fmt: " / ".join("-" if f[key] is None else fmt(f[key]) for f in figs)  # noqa: E731
+        signal = " / ".join(f"{f['signal_steps']}/{f['steps']}" for f in figs)
+        lines.append(
+            f"| {name} | {settings} | {len(figs)} | {_pts(statistics.fmean(f['compiled'] for f in figs))} | "
+            f"{_interval(seed_interval([f['gain'] for f in figs]))} | "
+            f"{signal} | "
+            f"{per('rollout_tokens', '{:,}'.format)} | {per('warm_successes', str)} | "
+            f"{per('probe_pass_rate', '{:.3f}'.format)} | {per('best_step', str)} | {per('minutes', '{:.1f}'.format)} |")
+    return "\n".join(lines)
