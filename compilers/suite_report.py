@@ -172,8 +172,8 @@ def remedy_table(arms: Mapping[str, tuple[str, Sequence[Mapping[str, Any]]]]) ->
         signal = " / ".join(f"{f['signal_steps']}/{f['steps']}" for f in figs)
         lines.append(
             f"| {name} | {settings} | {len(figs)} | {_pts(statistics.fmean(f['compiled'] for f in figs))} | "
-            f"{_interval(seed_interval([f['gain'] for f in figs]))} | "
-            f"{signal} | "
+            f"{_interval(seed_interval([f['gain'] for f in figs]))} | {signal} | "
             f"{per('rollout_tokens', '{:,}'.format)} | {per('warm_successes', str)} | "
-            f"{per('probe_pass_rate', '{:.3f}'.format)} | {per('best_step', str)} | {per('minutes', '{:.1f}'.format)} |")
+            f"{per('probe_pass_rate', '{:.3f}'.format)} | {per('best_step', str)} | "
+            f"{per('minutes', '{:.1f}'.format)} |")
     return "\n".join(lines)
