@@ -143,7 +143,7 @@ def remedy_figures(row: Mapping[str, Any], log: Sequence[Mapping[str, Any]]) -> 
     """One remedy arm's run (a suite ``row`` and its run's step-log records ``log``): held-out ``compiled``
     accuracy and ``interval``, ``gain``, ``steps`` run, ``signal_steps`` (steps where at least one drawn example
     had two different rewards), ``rollout_tokens`` (the budgeted figure, warm start and probe included),
-    ``warm_successes`` (the warm start's kept successes over its roles; None without a warm start),
+    ``warm_passing`` (the warm start's passing runs out of its runs, ``"1/300"``; None without a warm start),
     ``probe_pass_rate`` (None without a probe), ``best_step`` and compile ``minutes``."""
     steps = [r for r in log if r.get("kind") == "step"]
     warm = [r for r in log if r.get("kind") == "warm_start"]
@@ -152,7 +152,7 @@ def remedy_figures(row: Mapping[str, Any], log: Sequence[Mapping[str, Any]]) -> 
             "gain": row["gain"], "steps": len(steps),
             "signal_steps": sum(r["starvation"]["flat"] < r["starvation"]["drawn"] for r in steps),
             "rollout_tokens": row["rollout_tokens"],
-            "warm_successes": sum(warm[-1]["successes"].values()) if warm else None,
+            "warm_passing": f"{warm[-1]['passing_runs']}/{warm[-1]['runs']}" if warm else None,
             "probe_pass_rate": probe[-1]["pass_rate"] if probe else None,
             "best_step": row.get("best_step"), "minutes": row["minutes"]["compile"]}
 
@@ -160,10 +160,10 @@ def remedy_figures(row: Mapping[str, Any], log: Sequence[Mapping[str, Any]]) -> 
 def remedy_table(arms: Mapping[str, tuple[str, Sequence[Mapping[str, Any]]]]) -> str:
     """The remedy table: per arm (name -> (its settings, its per-seed :func:`remedy_figures`), in the given order)
     the mean held-out accuracy, the gain's 95% t-interval over seeds, then per seed: signal steps / steps, rollout
-    tokens, warm-start successes, probe pass rate, best step, minutes. Arms with no measured seed are listed as
+    tokens, warm-start passing runs, probe pass rate, best step, minutes. Arms with no measured seed are listed as
     not run."""
     lines = ["| arm | settings | seeds | compiled | gain [95% CI] | signal steps | rollout tokens | warm-start "
-             "successes | probe pass rate | best step | min |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "passing runs | probe pass rate | best step | min |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, (settings, figs) in arms.items():
         if not figs:
             lines.append(f"| {name} | {settings} | - | not run | | | | | | | |")
@@ -173,7 +173,7 @@ def remedy_table(arms: Mapping[str, tuple[str, Sequence[Mapping[str, Any]]]]) ->
         lines.append(
             f"| {name} | {settings} | {len(figs)} | {_pts(statistics.fmean(f['compiled'] for f in figs))} | "
             f"{_interval(seed_interval([f['gain'] for f in figs]))} | {signal} | "
-            f"{per('rollout_tokens', '{:,}'.format)} | {per('warm_successes', str)} | "
+            f"{per('rollout_tokens', '{:,}'.format)} | {per('warm_passing', str)} | "
             f"{per('probe_pass_rate', '{:.3f}'.format)} | {per('best_step', str)} | "
             f"{per('minutes', '{:.1f}'.format)} |")
     return "\n".join(lines)

@@ -75,17 +75,17 @@ def test_markdown_table():
 def test_remedy_figures_and_table():
     def step(flat, drawn):
         return {"kind": "step", "starvation": {"flat": flat, "drawn": drawn}}
-    log = [{"kind": "probe", "pass_rate": 0.0125}, {"kind": "warm_start", "successes": {"draft": 3, "check": 2}},
+    log = [{"kind": "probe", "pass_rate": 0.0125}, {"kind": "warm_start", "passing_runs": 3, "runs": 300},
            step(4, 4), step(3, 4), step(0, 0), step(1, 4)]
     fig = remedy_figures({**row("multistep", 0, 0.0, 0.06, 0.12), "best_step": 5}, log)
-    assert (fig["steps"], fig["signal_steps"], fig["warm_successes"], fig["probe_pass_rate"]) == (4, 2, 5, 0.0125)
+    assert (fig["steps"], fig["signal_steps"], fig["warm_passing"], fig["probe_pass_rate"]) == (4, 2, "3/300", 0.0125)
     assert (fig["compiled"], fig["gain"], fig["rollout_tokens"], fig["minutes"]) == (0.06, 0.06, 1000, 2.0)
     plain = remedy_figures(row("multistep", 1, 0.0, 0.02, 0.12), [step(4, 4)])
-    assert (plain["warm_successes"], plain["probe_pass_rate"], plain["signal_steps"]) == (None, None, 0)
+    assert (plain["warm_passing"], plain["probe_pass_rate"], plain["signal_steps"]) == (None, None, 0)
     text = remedy_table({"none": ("default", [plain]), "together": ("warm_start_runs=1", [fig, plain]),
                          "dynamic": ("dynamic_sampling=true", [])})
     lines = text.splitlines()
     assert lines[2].startswith("| none | default | 1 | 2.0 | +2.0 [+2.0, +2.0] | 0/1 | 1,000 | - | - | - | 2.0 |")
     assert lines[3].startswith("| together | warm_start_runs=1 | 2 | 4.0 | +4.0 [") and "| 2/4 / 0/1 |" in lines[3]
-    assert "| 5 / - | 0.013 / - | 5 / - |" in lines[3]
+    assert "| 3/300 / - | 0.013 / - | 5 / - |" in lines[3]
     assert lines[4] == "| dynamic | dynamic_sampling=true | - | not run | | | | | | | |"
