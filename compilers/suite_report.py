@@ -114,11 +114,12 @@ def _seed_line(r: Mapping[str, Any]) -> str:
             f"{r['rollout_tokens']:,} |")
 
 
-def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
+def markdown_table(rows: Sequence[Mapping[str, Any]], tasks: Sequence[str] = ()) -> str:
     """The suite's table: one line per task (means over seeds; the gain's 95% t-interval over seeds; whether it
     meets the +10-point bar, which applies where the base's pass@k reaches 10%), the suite average, then one line
     per (task, seed) with per-role mean call rewards in training (first step -> last), then skipped and failed
-    rows."""
+    rows, then the tasks of ``tasks`` (the suite's own list) with no row at all, so the table says what it left
+    out."""
     summary = summarize(rows)
     k = next(iter(summary.values()))["k"] if summary else 16
     lines = [f"| task | program | base | pass@{k} | compiled | gain [95% CI] | seeds | +10 bar | min | "
@@ -136,6 +137,7 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
     lines += [_seed_line(r) for r in sorted(_measured(rows), key=lambda r: (order[r["task"]], r["seed"]))]
     notes = [f"- {r['task']} seed {r['seed']}: {'skipped' if 'skipped' in r else 'failed'}: "
              f"{r.get('skipped') or r.get('error')}" for r in rows if r not in _measured(rows)]
+    notes += [f"- {task}: not run" for task in tasks if task not in {r["task"] for r in rows}]
     return "\n".join(lines + ([""] + notes if notes else []))
 
 

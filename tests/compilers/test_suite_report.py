@@ -70,6 +70,8 @@ def test_markdown_table():
     assert seeds == [["| demo", "0"], ["| demo", "1"], ["| hard", "0"], ["| hard", "1"], ["| mid", "0"]]
     assert lines[-2:] == ["- gsm8k seed 0: skipped: no data", "- mid seed 1: failed: RuntimeError: boom"]
     assert markdown_table([]).startswith("| task |")
+    listed = markdown_table(ROWS, tasks=["demo", "agent", "gsm8k", "code"]).splitlines()
+    assert listed[-2:] == ["- agent: not run", "- code: not run"]  # gsm8k has its skipped row above
 
 
 def test_remedy_figures_and_table():
