@@ -1,7 +1,8 @@
 """The remedy table (issue 46): where the base program is weak, what each remedy for missing signal does alone and
 all together, every arm stopped at the same rollout-token budget. Per arm, ``benchmarks/suite.py``'s run of one task
-(default multistep) with ``MMGRPO(metric)``, the arm's settings, ``max_rollout_tokens=--tokens`` and enough steps
-that the budget, not the step count, ends the run.
+(default multistep) with ``MMGRPO(metric)``, the arm's settings, ``max_rollout_tokens=--tokens`` and
+``steps=--max-steps``: the budget or the step cap ends a run, whichever comes first (an arm whose outputs get short
+can reach the cap under budget; the table's rollout tokens and signal steps / steps columns show which did).
 
     python -m benchmarks.remedies --task multistep --seeds 0 --tokens 20000 --out runs/remedies/   # run, then table
     python -m benchmarks.remedies --table --out runs/remedies/                                      # the table alone
@@ -44,12 +45,10 @@ def settings(arm: str) -> str:
 def share_base(out: Path, task: str, arm: str) -> None:
     """Copy a base measurement another arm made into ``arm``'s folder (the suite rechecks its key before use)."""
     target = out / arm / f"{task}-base.json"
-    if target.exists():
-        return
-    for other in sorted(out.glob(f"*/{task}-base.json")):
+    measured = sorted(out.glob(f"*/{task}-base.json"))
+    if measured and not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(other, target)
-        return
+        shutil.copyfile(measured[0], target)
 
 
 def run_arm(args: argparse.Namespace, arm: str) -> None:
@@ -81,10 +80,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated from {','.join(ARMS)} [all]")
     ap.add_argument("--tokens", type=int, default=20000, help="every arm's rollout-token budget [20000]")
     ap.add_argument("--max-steps", type=int, default=60,
-                    help="the step count no arm should reach before its budget runs out [60]")
+                    help="every arm's step cap [60]")
     ap.add_argument("--out", type=Path, default=Path("runs/remedies"), help="the arms' folder [runs/remedies]")
     ap.add_argument("--model", default="smollm2-135m", help="the base model (smoke runs: tiny)")
-    ap.add_argument("--limit", type=int, default=None, help="the first N examples of each split (smoke runs)")
+    ap.add_argument("--limit", type=int, default=None, help="the first N examples of each split, and pass@2 on 2 of them (smoke runs)")
     ap.add_argument("--table", action="store_true", help="print the table from the rows in --out, run nothing")
     args = ap.parse_args(argv)
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
