@@ -83,7 +83,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="every arm's step cap [60]")
     ap.add_argument("--out", type=Path, default=Path("runs/remedies"), help="the arms' folder [runs/remedies]")
     ap.add_argument("--model", default="smollm2-135m", help="the base model (smoke runs: tiny)")
-    ap.add_argument("--limit", type=int, default=None, help="the first N examples of each split, and pass@2 on 2 of them (smoke runs)")
+    ap.add_argument("--limit", type=int, default=None,
+                    help="the first N examples of each split, and pass@2 on 2 of them (smoke runs)")
     ap.add_argument("--table", action="store_true", help="print the table from the rows in --out, run nothing")
     args = ap.parse_args(argv)
     args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
