@@ -6,6 +6,7 @@ scored. Prints the baseline, the compiled accuracy (held-out, greedy, with 95% i
 calls that named a real tool with arguments that validate; writes ``runs/<name>/summary.json``.
 
     python examples/react_agent.py --seed 0
+    python examples/react_agent.py --seed 0 --resume   # continue a killed run from its checkpoint
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--n-test", type=int, default=200)
+    ap.add_argument("--model", default="smollm2-135m", help="the base model (tests: tiny)")
     ap.add_argument("--run-name", default=None, help="runs/<name> (default react-seed<SEED>)")
+    ap.add_argument("--resume", action="store_true", help="continue runs/<name> from its checkpoint (a killed run)")
     add_set_flag(ap, what="recipe field")
     args = ap.parse_args(argv)
     try:
@@ -47,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(str(exc))
     run_dir = Path("runs") / (args.run_name or f"react-seed{args.seed}")
     task = get_task("arithmetic", n_train=400, n_val=64, n_test=args.n_test, seed=1, steps=2, max_operand=20)
-    engine = HFEngine("smollm2-135m")
+    engine = HFEngine(args.model)
     agent = calculator_agent(max_iters=3)
     t0 = time.time()
     base = evaluate(agent, task.testset, engine, metric=math_metric, adapters={}, max_tokens=args.max_tokens,
@@ -55,7 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     recipe = apply_overrides({**get_recipe("wide-warmup"), "max_tokens": args.max_tokens, "steps": args.steps,
                               "seed": args.seed}, overrides)
     compiled = MMGRPO(math_metric, **recipe).compile(agent, trainset=task.trainset, valset=task.valset,
-                                                     engine=engine, run_dir=run_dir)
+                                                     engine=engine, run_dir=run_dir,
+                                                     resume=run_dir if args.resume else None)
     after = evaluate(compiled.program, task.testset, engine, metric=math_metric, adapters=compiled.roles,
                      max_tokens=args.max_tokens, progress="held-out")
     calls, real = tool_calls(after["graphs"])
