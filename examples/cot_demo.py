@@ -4,7 +4,7 @@ Every call is decoded under its signature's grammar (``wfc.constrain``): the ``[
 ``[[ ## answer ## ]]`` sections are forced, the reasoning gets a budget of ``--reasoning-tokens`` and the answer is an
 integer, so every call parses and GRPO sees the answers' spread. Baseline, compile, held-out accuracy, artifact.
 
-    python examples/cot_demo.py --seed 0            # 3 demos, then the weights: ~45 min on 2 CPU cores
+    python examples/cot_demo.py --seed 0            # 3 demos, then the weights: 43 min alone on 2 CPU cores
     python examples/cot_demo.py --seed 0 --demos 0  # the weights alone (seeds 1-2 collapse: docs/results.md)
     python examples/cot_demo.py --seed 0 --train-metric grounded   # reward only answers the reasoning shows
     python examples/cot_demo.py --seed 2 --resume --max-batch 64   # continue a killed run from its checkpoint
