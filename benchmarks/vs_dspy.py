@@ -11,6 +11,7 @@ artifact runs with), with DSPy's defaults otherwise.
     python benchmarks/vs_dspy.py --seed 0 --out runs/vs_dspy/seed0.json            # every arm
     python benchmarks/vs_dspy.py --seed 0 --arms uncompiled,labeled --out ...       # some
 
+The ``mipro`` arm needs optuna (``pip install -e '.[bench]'``); a missing one is said before any arm runs.
 Each arm's row is written as it finishes (atomically); arms already in ``--out`` are skipped, so a killed run goes on.
 A row: held-out accuracy with its 95% interval, validation accuracy (what ``together`` picks by), wall minutes, LM
 calls and prompt/completion tokens (the engine's counters over the arm), or the error an optimizer raised.
@@ -19,6 +20,7 @@ calls and prompt/completion tokens (the engine's counters over the arm), or the 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -38,6 +40,21 @@ from wfc.engines.hf import HFEngine
 from wfc.lm import LocalLM
 
 ARMS = ("uncompiled", "labeled", "bfrs", "mipro", "gepa", "finetune", "mmgrpo", "together")
+# arms whose optimizer imports an optional package only when it gets to it (MIPROv2: after its proposals, ~25 min in)
+NEEDS = {"mipro": ("optuna", "MIPROv2")}
+
+
+def arms_problem(names: list[str]) -> str | None:
+    """What is wrong with ``--arms`` (an unknown arm, a missing optional package), said before any arm runs."""
+    unknown = [n for n in names if n not in ARMS]
+    if unknown:
+        return f"unknown arm(s) {', '.join(unknown)}: choose from {','.join(ARMS)}"
+    for name in names:
+        module, optimizer = NEEDS.get(name, (None, None))
+        if module and importlib.util.find_spec(module) is None:
+            return (f"arm {name!r} ({optimizer}) needs {module}, which is not installed: "
+                    f"pip install -e '.[bench]', or leave {name} out of --arms")
+    return None
 PROMPT_ARMS = ("labeled", "bfrs", "mipro", "gepa")
 THREADS = 32  # DSPy's worker threads: the engine batches their concurrent calls
 
@@ -181,12 +198,15 @@ def main(argv: list[str] | None = None) -> None:
                     help="BootstrapFewShotWithRandomSearch's num_candidate_programs (DSPy's default 16: on the 2-core "
                          "CPU each bootstrapped candidate takes ~9 min, so the reported run used fewer, and says so)")
     args = ap.parse_args(argv)
+    names = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if problem := arms_problem(names):
+        ap.error(problem)
     logging.getLogger("dspy").setLevel(logging.WARNING)
     out = args.out or Path("runs/vs_dspy") / f"seed{args.seed}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     bench = Bench(args.seed, out, args.reflection_model, model=args.model, limit=args.limit, steps=args.steps,
                   bfrs_candidates=args.bfrs_candidates)
-    for name in [a.strip() for a in args.arms.split(",") if a.strip()]:
+    for name in names:
         bench.run(name, bench.arm(name))
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import vs_dspy
 
 
@@ -28,3 +30,16 @@ def test_arms_write_rows_and_a_rerun_skips_them(tmp_path, capsys):
     capsys.readouterr()
     vs_dspy.main([*args, "--arms", "uncompiled"])
     assert "already in" in capsys.readouterr().out
+
+
+def test_bad_arms_are_refused_before_any_arm_runs(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "seed0.json"
+    with pytest.raises(SystemExit):
+        vs_dspy.main(["--model", "tiny", "--out", str(out), "--arms", "uncompiled,miprov2"])
+    assert "unknown arm(s) miprov2" in capsys.readouterr().err
+    # an optimizer's optional package missing: said up front, not after the arms before it have run
+    monkeypatch.setitem(vs_dspy.NEEDS, "mipro", ("wfc_no_such_package", "MIPROv2"))
+    with pytest.raises(SystemExit):
+        vs_dspy.main(["--model", "tiny", "--out", str(out), "--arms", "uncompiled,mipro"])
+    assert "needs wfc_no_such_package" in capsys.readouterr().err
+    assert not out.exists()  # nothing ran
