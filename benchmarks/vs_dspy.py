@@ -5,8 +5,8 @@ Arms: ``uncompiled``; ``labeled`` (LabeledFewShot); ``bfrs`` (BootstrapFewShotWi
 (MIPROv2, auto="light"); ``gepa`` (GEPA, auto="light"; its reflection LM is the same local model unless
 ``--reflection-model``); ``finetune`` (BootstrapFinetune, its LoRA trained on the local model through
 ``compilers.finetune``); ``mmgrpo`` (the demo's recipe); ``together`` (dspy.BetterTogether: the prompt arm best on
-the validation set, then MMGRPO). DSPy's optimizers run on :class:`wfc.lm.LocalLM` handles of the one engine, under wfc's compact adapter (the one the demo's
-artifact runs with), with DSPy's defaults otherwise.
+the validation set, then MMGRPO). DSPy's optimizers run on :class:`wfc.lm.LocalLM` handles of the one engine,
+under wfc's compact adapter (the one the demo's artifact runs with), with DSPy's defaults otherwise.
 
     python benchmarks/vs_dspy.py --seed 0 --out runs/vs_dspy/seed0.json            # every arm
     python benchmarks/vs_dspy.py --seed 0 --arms uncompiled,labeled --out ...       # some
