@@ -12,7 +12,8 @@ under wfc's compact adapter (the one the demo's artifact runs with), with DSPy's
     python benchmarks/vs_dspy.py --seed 0 --arms uncompiled,labeled --out ...       # some
 
 The ``mipro`` arm needs optuna (``pip install -e '.[bench]'``); a missing one is said before any arm runs.
-Each arm's row is written as it finishes (atomically); arms already in ``--out`` are skipped, so a killed run goes on.
+Each arm's row is written as it finishes (atomically); arms already in ``--out`` are skipped, so a killed run goes on
+(an arm whose row holds an error runs again).
 A row: held-out accuracy with its 95% interval, validation accuracy (what ``together`` picks by), wall minutes, LM
 calls and prompt/completion tokens (the engine's counters over the arm), or the error an optimizer raised.
 """
@@ -121,9 +122,11 @@ class Bench:
         return program
 
     def run(self, name: str, build: Callable[[], dspy.Module]) -> None:
-        if name in self.rows:
+        if name in self.rows and "error" not in self.rows[name]:
             print(f"{name}: already in {self.out}, skipped")
             return
+        if name in self.rows:  # a failed try is recorded, and tried again (a missing package, a killed run)
+            print(f"{name}: its last try failed ({self.rows[name]['error'][:80]}), running it again")
         before = dict(self.engine.stats)
         t0 = time.time()
         try:

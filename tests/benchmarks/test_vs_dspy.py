@@ -28,8 +28,11 @@ def test_arms_write_rows_and_a_rerun_skips_them(tmp_path, capsys):
     # tests/compilers/test_finetune.py)
     assert "no training data" in rows["finetune"]["error"]
     capsys.readouterr()
-    vs_dspy.main([*args, "--arms", "uncompiled"])
-    assert "already in" in capsys.readouterr().out
+    vs_dspy.main([*args, "--arms", "uncompiled,finetune"])
+    printed = capsys.readouterr().out
+    assert "uncompiled: already in" in printed
+    assert "finetune: its last try failed (" in printed  # an error row is tried again, and recorded again
+    assert "no training data" in json.loads(out.read_text())["finetune"]["error"]
 
 
 def test_bad_arms_are_refused_before_any_arm_runs(tmp_path, monkeypatch, capsys):
