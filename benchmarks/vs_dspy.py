@@ -43,6 +43,8 @@ from wfc.lm import LocalLM
 ARMS = ("uncompiled", "labeled", "bfrs", "mipro", "gepa", "finetune", "mmgrpo", "together")
 # arms whose optimizer imports an optional package only when it gets to it (MIPROv2: after its proposals, ~25 min in)
 NEEDS = {"mipro": ("optuna", "MIPROv2")}
+PROMPT_ARMS = ("labeled", "bfrs", "mipro", "gepa")
+THREADS = 32  # DSPy's worker threads: the engine batches their concurrent calls
 
 
 def arms_problem(names: list[str]) -> str | None:
@@ -56,8 +58,6 @@ def arms_problem(names: list[str]) -> str | None:
             return (f"arm {name!r} ({optimizer}) needs {module}, which is not installed: "
                     f"pip install -e '.[bench]', or leave {name} out of --arms")
     return None
-PROMPT_ARMS = ("labeled", "bfrs", "mipro", "gepa")
-THREADS = 32  # DSPy's worker threads: the engine batches their concurrent calls
 
 
 def gepa_metric(gold, pred, trace=None, pred_name=None, pred_trace=None):
@@ -122,11 +122,12 @@ class Bench:
         return program
 
     def run(self, name: str, build: Callable[[], dspy.Module]) -> None:
-        if name in self.rows and "error" not in self.rows[name]:
-            print(f"{name}: already in {self.out}, skipped")
-            return
-        if name in self.rows:  # a failed try is recorded, and tried again (a missing package, a killed run)
-            print(f"{name}: its last try failed ({self.rows[name]['error'][:80]}), running it again")
+        if (done := self.rows.get(name)) is not None:
+            if "error" not in done:
+                print(f"{name}: already in {self.out}, skipped")
+                return
+            # a failed try is recorded, and tried again (a missing package, a killed run)
+            print(f"{name}: its last try failed ({done['error'][:80]}), running it again")
         before = dict(self.engine.stats)
         t0 = time.time()
         try:
