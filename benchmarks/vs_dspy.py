@@ -5,7 +5,8 @@ Arms: ``uncompiled``; ``labeled`` (LabeledFewShot); ``bfrs`` (BootstrapFewShotWi
 (MIPROv2, auto="light"); ``gepa`` (GEPA, auto="light"; its reflection LM is the same local model unless
 ``--reflection-model``); ``finetune`` (BootstrapFinetune, its LoRA trained on the local model through
 ``compilers.finetune``); ``mmgrpo`` (the demo's recipe); ``together`` (dspy.BetterTogether: the prompt arm best on
-the validation set, then MMGRPO). DSPy's optimizers run on :class:`wfc.lm.LocalLM` handles of the one engine,
+the validation set, or ``--together-p``, then MMGRPO, which keeps, drops or internalizes its demos as
+``--together-demos`` says). DSPy's optimizers run on :class:`wfc.lm.LocalLM` handles of the one engine,
 under wfc's compact adapter (the one the demo's artifact runs with), with DSPy's defaults otherwise.
 
     python benchmarks/vs_dspy.py --seed 0 --out runs/vs_dspy/seed0.json            # every arm
@@ -35,6 +36,7 @@ from compilers import MMGRPO, evaluate
 from compilers.finetune import finetunable
 from compilers.presets import arithmetic
 from compilers.recipes import get_recipe
+from compilers.student_demos import RULES as STUDENT_DEMOS
 from wfc.adapter import CompactChatAdapter
 from wfc.artifact import CompiledProgram
 from wfc.engines.hf import HFEngine
@@ -104,8 +106,10 @@ def held_out(program: dspy.Module, examples, engine, max_tokens: int) -> dict[st
 
 class Bench:
     def __init__(self, seed: int, out: Path, reflection_model: str | None, *, model: str = "smollm2-135m",
-                 limit: int | None = None, steps: int = arithmetic.STEPS, bfrs_candidates: int = 16):
+                 limit: int | None = None, steps: int = arithmetic.STEPS, bfrs_candidates: int = 16,
+                 together_p: str | None = None, together_demos: str = "keep"):
         self.seed, self.out, self.picked, self.bfrs_candidates = seed, out, None, bfrs_candidates
+        self.together_p, self.together_demos = together_p, together_demos
         self.rows: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
         task = arithmetic.demo_task()
         self.trainset, self.valset, self.testset = (list(s[:limit]) if limit else list(s)
@@ -145,7 +149,7 @@ class Bench:
             if isinstance(program, CompiledProgram):
                 row["adapters"] = sorted(set(program.roles.values()) - {None})
             if name == "together":  # the prompt arm it ran first, and the candidate BetterTogether returned
-                row["picked"] = self.picked
+                row["picked"], row["student_demos"] = self.picked, self.together_demos
                 row["strategy"] = program.candidate_programs[0]["strategy"] or "uncompiled"
         except Exception as exc:  # an optimizer that cannot run here is a result too: say why
             row = {"error": f"{type(exc).__name__}: {str(exc)[:500]}", "minutes": round((time.time() - t0) / 60, 2)}
@@ -175,13 +179,14 @@ class Bench:
 
     def together(self) -> dspy.Module:
         ran = {k: self.rows[k]["val"] for k in PROMPT_ARMS if "val" in self.rows.get(k, {})}
-        if not ran:
-            raise ValueError("run at least one prompt arm before 'together' (it picks the best on validation)")
-        best = max(ran, key=ran.get)
+        if not ran and self.together_p is None:
+            raise ValueError("run at least one prompt arm before 'together' (it picks the best on validation), or "
+                             "name one with --together-p")
+        best = self.together_p or max(ran, key=ran.get)
         self.picked = best
         p = prompt_optimizer(best, seed=self.seed, lm=self.lm, reflection=self.reflection,
                              bfrs_candidates=self.bfrs_candidates)
-        w = MMGRPO(arithmetic.metric(), **self.recipe)
+        w = MMGRPO(arithmetic.metric(), **self.recipe, student_demos=self.together_demos)
         return dspy.BetterTogether(arithmetic.metric(), p=p, w=w).compile(
             self.student(), trainset=self.trainset, valset=self.valset, strategy="p -> w",
             optimizer_compile_args={"p": {k: v for k, v in compile_kwargs(p, [], [], self.seed).items()
@@ -201,6 +206,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--bfrs-candidates", type=int, default=16,
                     help="BootstrapFewShotWithRandomSearch's num_candidate_programs (DSPy's default 16: on the 2-core "
                          "CPU each bootstrapped candidate takes ~9 min, so the reported run used fewer, and says so)")
+    ap.add_argument("--together-p", choices=PROMPT_ARMS, default=None,
+                    help="the prompt arm BetterTogether runs first (default: the one best on validation in --out)")
+    ap.add_argument("--together-demos", choices=sorted(STUDENT_DEMOS), default="keep",
+                    help="what MMGRPO does with the prompt arm's demos (compilers.student_demos): keep them in the "
+                         "prompts, drop them, or internalize them (fine-tune on them, then drop them)")
     args = ap.parse_args(argv)
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
     if problem := arms_problem(names):
@@ -209,7 +219,8 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or Path("runs/vs_dspy") / f"seed{args.seed}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     bench = Bench(args.seed, out, args.reflection_model, model=args.model, limit=args.limit, steps=args.steps,
-                  bfrs_candidates=args.bfrs_candidates)
+                  bfrs_candidates=args.bfrs_candidates, together_p=args.together_p,
+                  together_demos=args.together_demos)
     for name in names:
         bench.run(name, bench.arm(name))
 

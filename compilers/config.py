@@ -147,6 +147,10 @@ class PromptsConfig(Section):
                              "many gold-labeled training examples nearest to the task (TF-IDF; wfc.retrieve; "
                              "compilers.prompts.retrieval_pools), after any static demos; 0: off. The pools travel "
                              "in the artifact")
+    student_demos: Literal["keep", "drop", "internalize"] = Field(
+        "keep", description="the demos the student already holds (a prompt optimizer's, e.g. BetterTogether's p "
+                            "step): keep them in the prompts; drop them (instructions kept); or internalize them "
+                            "(fine-tune each trained role on its demos, then drop them; compilers.student_demos)")
     demo_labels: dict[str, str] = Field(
         default_factory=dict, description="role output field -> the training examples' field holding its gold value, "
                                           "for retrieved demos where the two are named differently, e.g. "
@@ -433,6 +437,10 @@ class MMGRPOConfig(EvalConfig, GuardsConfig, UpdateConfig, CreditConfig, Samplin
             raise ValueError("skip_frozen=True with counterfactual_roles: a counterfactual rerun would run the whole "
                              "program, frozen calls included, and score it against a stopped rollout; use one of "
                              "the two")
+        if self.student_demos == "internalize" and not self.optimizes.weights:
+            raise ValueError(f"student_demos='internalize' fine-tunes the adapters on the student's demos, but "
+                             f"strategy={self.strategy!r} trains prompts only: use 'keep' or 'drop', or a strategy "
+                             "that trains weights ('w', 'p -> w')")
         if self.warm_start_runs and not self.optimizes.weights:
             raise ValueError(f"warm_start_runs fine-tunes the adapters, but strategy={self.strategy!r} trains prompts "
                              "only: use strategy='p -> w' (or 'w'), or set warm_start_runs=0")

@@ -25,7 +25,8 @@ The warm start (``warm_start_runs``; ``compilers.warm_start``) fine-tunes every 
 program's own passing calls before the step-0 validation (a ``warm_start`` record).
 
 Invariants (a resumed compile repeats the uninterrupted one: ``tests/compilers/test_resume.py``): the stages draw
-random numbers in one fixed order (after ``torch.manual_seed(cfg.seed)``: the ``auto`` trace, LoRA init, bootstrap,
+random numbers in one fixed order (after ``torch.manual_seed(cfg.seed)``: the ``auto`` trace, LoRA init, the
+fine-tune on the student's demos (``student_demos='internalize'``), bootstrap,
 the warm start's update, then per step the sampler, the rollouts, counterfactual reruns and the update), and nothing
 draws between a resume's restore of the RNGs and the next step. The pass-rate probe and the warm start's runs (a
 fresh run's, before the step-0 validation) sample with seeds of their own and draw from no global generator; what the
@@ -67,11 +68,13 @@ from compilers.sampling import PromptSampler, adaptive_group_sizes, signal_examp
 from compilers.schedule import lr_multiplier, partial_step_scale
 from compilers.score import score_rollout
 from compilers.state import LoopState
+from compilers.student_demos import RULES as STUDENT_DEMOS
+from compilers.student_demos import DemoCalls, demo_calls, demo_counts, demo_rows, drop_demos
 from compilers.update import AdapterOptimizers, adapter_parameters
 from compilers.warm_start import Harvest, fine_tune, role_counts, run_counts, sft_rows, successes
 from wfc.artifact import CompiledProgram, Manifest, package_versions
 from wfc.engines.base import SamplingParams
-from wfc.lower import copy_program, derive_seed, roles, run_rollouts
+from wfc.lower import call_adapter, copy_program, derive_seed, roles, run_rollouts
 from wfc.policy import Policy
 from wfc.retrieve import install as install_retrievers
 from wfc.rollout import RolloutGraph
@@ -240,6 +243,41 @@ class CompileRun:
             self.log.append({"kind": "plan", "backend": self.plan.spec, "roles": self.role_adapters,
                              "reasons": self.plan.reasons, "learning_rates": self.rates, "frozen_roles": self.frozen,
                              "skip_frozen": self.sections.sampling.skip_frozen})
+
+    def student_demos(self) -> None:
+        """``student_demos`` (``compilers.student_demos``): keep the student's own demos, drop them, or fine-tune each
+        trained role on its demos and then drop them. A fresh run logs a ``student_demos`` record (also in the
+        manifest's history): ``rule``, ``demos`` (role -> held), ``incomplete``, ``trained``, ``optimizer_steps``,
+        ``learning_rates``, ``loss_before`` / ``loss_after`` (as the warm start's), ``seconds``. On a resume the demos
+        are dropped again (the checkpoint's program state holds none) and nothing is trained: the adapters are
+        restored."""
+        rule = STUDENT_DEMOS[self.sections.prompts.student_demos]
+        held = demo_counts(self.student)
+        if not rule.drop or not held:
+            return
+        t0 = time.time()
+        calls = demo_calls(self.student, self.trained, call_adapter()) if rule.train else DemoCalls()
+        drop_demos(self.student)
+        if self.resumed is not None:
+            return
+        record = {"kind": "student_demos", "rule": rule.name, "demos": held, "incomplete": calls.incomplete,
+                  "trained": {role: len(c) for role, c in calls.chats.items()}, "optimizer_steps": 0,
+                  "learning_rates": None, "loss_before": None, "loss_after": None}
+        if calls.chats:
+            sec = self.sections
+            rates = {a: sec.warm_start.warm_start_lr or r for a, r in self.rates.items()}
+            record["learning_rates"] = rates
+            record.update(fine_tune(self.policy, demo_rows(self.engine, calls, self.role_adapters),
+                                    config=sec.warm_start, update=sec.update, guards=sec.guards,
+                                    temperature=sec.sampling.temperature, seed=sec.run.seed, rates=rates,
+                                    distributed=self.distributed))
+            self.hand_off()
+        record["seconds"] = round(time.time() - t0, 2)
+        self.log.append(record)
+        self.state.loop.history.append(record)
+        if self.progress:
+            trained = f", fine-tuned on {record['trained']}" if calls.chats else ""
+            print(f"student demos {rule.name}: dropped {held}{trained} ({record['seconds']:.0f}s)")
 
     def bootstrap(self) -> None:
         """A strategy with demos (``p``, ``p -> w``): bootstrapped demos per role (on rank 0, broadcast); one

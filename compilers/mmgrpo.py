@@ -135,7 +135,8 @@ class MMGRPO(Teleprompter):
     """``MMGRPO(metric=..., steps=..., ...).compile(student, trainset=..., valset=..., model=..., backend=...)``.
 
     A DSPy ``Teleprompter``: it is one step of ``dspy.BetterTogether(metric, p=dspy.MIPROv2(...), w=MMGRPO(...))``
-    in either order. The student's demos and instructions (a prompt optimizer's) are kept, trained on and saved;
+    in either order. The student's instructions (a prompt optimizer's) are kept, trained on and saved; its demos too,
+    unless ``student_demos`` drops them (``'drop'``) or fine-tunes them into the adapters first (``'internalize'``);
     a student whose predictors hold :class:`wfc.lm.LocalLM` handles is trained on their engine."""
 
     def __init__(self, metric: Callable, *, config: MMGRPOConfig | None = None, **overrides):
@@ -177,6 +178,7 @@ class MMGRPO(Teleprompter):
         run.check_same_run()  # the fingerprint: against the checkpoint and across ranks
         run.build_trainer()  # sampler, adapters, optimizers
         run.open_log()
+        run.student_demos()  # student_demos: keep, drop or internalize the demos the student came with
         run.bootstrap()  # strategy p / p -> w: demos
         run.retrieve_demos()  # retrieved_demos: pools
         run.auto_remedies()  # auto_remedies: probe the untrained program, choose and switch on remedies

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from compilers import MMGRPO, evaluate
+from compilers.checkpoint import find
 from compilers.recipes import get_recipe
 from programs.agents import calculator_agent
 from wfc.engines.hf import HFEngine
@@ -33,6 +34,21 @@ def tool_calls(graphs) -> tuple[int, int]:
     return len(steps), sum(s["next_tool_name"] in TOOLS and isinstance(s["next_tool_args"], dict) for s in steps)
 
 
+def baseline(agent, task, engine, max_tokens: int, path: Path, *, reuse: bool) -> dict:
+    """The uncompiled agent's held-out accuracy and interval; a resumed run reads the one its first start wrote
+    (the baseline is greedy and seeded, so evaluating it again would only repeat half an hour of CPU)."""
+    if reuse and path.exists():
+        return json.loads(path.read_text())
+    res = evaluate(agent, task.testset, engine, metric=math_metric, adapters={}, max_tokens=max_tokens,
+                   progress="baseline")
+    base = {"accuracy": res["accuracy"], "interval": res["interval"]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(base))
+    tmp.replace(path)
+    return base
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
@@ -41,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n-test", type=int, default=200)
     ap.add_argument("--model", default="smollm2-135m", help="the base model (tests: tiny)")
     ap.add_argument("--run-name", default=None, help="runs/<name> (default react-seed<SEED>)")
-    ap.add_argument("--resume", action="store_true", help="continue runs/<name> from its checkpoint (a killed run)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue runs/<name> (a killed run): its baseline and, once written, its checkpoint")
     add_set_flag(ap, what="recipe field")
     args = ap.parse_args(argv)
     try:
@@ -53,13 +70,12 @@ def main(argv: list[str] | None = None) -> None:
     engine = HFEngine(args.model)
     agent = calculator_agent(max_iters=3)
     t0 = time.time()
-    base = evaluate(agent, task.testset, engine, metric=math_metric, adapters={}, max_tokens=args.max_tokens,
-                    progress="baseline")
+    base = baseline(agent, task, engine, args.max_tokens, run_dir / "baseline.json", reuse=args.resume)
     recipe = apply_overrides({**get_recipe("wide-warmup"), "max_tokens": args.max_tokens, "steps": args.steps,
                               "seed": args.seed}, overrides)
     compiled = MMGRPO(math_metric, **recipe).compile(agent, trainset=task.trainset, valset=task.valset,
                                                      engine=engine, run_dir=run_dir,
-                                                     resume=run_dir if args.resume else None)
+                                                     resume=run_dir if args.resume and find(run_dir) else None)
     after = evaluate(compiled.program, task.testset, engine, metric=math_metric, adapters=compiled.roles,
                      max_tokens=args.max_tokens, progress="held-out")
     calls, real = tool_calls(after["graphs"])

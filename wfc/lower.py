@@ -160,6 +160,13 @@ def request_messages(request) -> list[dict[str, str]]:
     return out
 
 
+def call_adapter() -> dspy.Adapter:
+    """The DSPy adapter that formats and parses a lowered call: DSPy's setting (``dspy.context(adapter=...)``), else
+    the compact one. Read at call time, so what a compile formats outside a call (a demo as the call it shows) is
+    formatted the same way."""
+    return dspy.settings.adapter or CompactChatAdapter()
+
+
 class RoleEngine:
     """DSPy engine object for one role of one rollout: routes to the wfc engine and records a CallNode per call."""
 
@@ -230,8 +237,7 @@ class RoleEngine:
 
     @staticmethod
     def _parser():
-        """The DSPy adapter that formats and parses this call (DSPy's setting, else the compact one)."""
-        return dspy.settings.adapter or CompactChatAdapter()
+        return call_adapter()
 
     def stream(self, request):
         from dspy.lm15 import response_to_events

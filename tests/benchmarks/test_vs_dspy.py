@@ -46,3 +46,13 @@ def test_bad_arms_are_refused_before_any_arm_runs(tmp_path, monkeypatch, capsys)
         vs_dspy.main(["--model", "tiny", "--out", str(out), "--arms", "uncompiled,mipro"])
     assert "needs wfc_no_such_package" in capsys.readouterr().err
     assert not out.exists()  # nothing ran
+
+
+def test_together_runs_a_named_prompt_arm_and_internalizes_its_demos(tmp_path):
+    out = tmp_path / "seed0.json"
+    vs_dspy.main(["--model", "tiny", "--limit", "4", "--steps", "1", "--out", str(out), "--arms", "together",
+                  "--together-p", "labeled", "--together-demos", "internalize"])
+    row = json.loads(out.read_text())["together"]
+    assert "error" not in row, row
+    assert row["picked"] == "labeled" and row["student_demos"] == "internalize"
+    assert row["strategy"] in ("uncompiled", "p", "p -> w")
