@@ -84,7 +84,7 @@ def test_internalize_needs_a_strategy_that_trains_weights():
         MMGRPOConfig(student_demos="forget")
 
 
-# ----- the tiny real model ---------------------------------------------------------------------------------------------
+# ----- the tiny real model --------------------------------------------------------------------------------------------
 def student():
     """A Voting program holding a prompt optimizer's demos: two per voter, one for the aggregator."""
     program = Voting(SIG, n=2)
