@@ -1,16 +1,18 @@
-"""MMGRPO side by side with DSPy's own optimizers (issue 47) on the demo: same program, same train/val/test splits,
-same engine and DSPy adapter, same greedy held-out evaluation (``compilers.evaluate``).
+"""MMGRPO side by side with DSPy's own optimizers (issue 47) on the demo or a suite task (``--task``): same program,
+same train/val/test splits, same engine and DSPy adapter, same greedy held-out evaluation (``compilers.evaluate``).
 
 Arms: ``uncompiled``; ``labeled`` (LabeledFewShot); ``bfrs`` (BootstrapFewShotWithRandomSearch); ``mipro``
 (MIPROv2, auto="light"); ``gepa`` (GEPA, auto="light"; its reflection LM is the same local model unless
 ``--reflection-model``); ``finetune`` (BootstrapFinetune, its LoRA trained on the local model through
-``compilers.finetune``); ``mmgrpo`` (the demo's recipe); ``together`` (dspy.BetterTogether: the prompt arm best on
+``compilers.finetune``); ``mmgrpo`` (the demo's recipe on the demo, ``MMGRPO(metric)`` as the suite runs it on
+the other tasks); ``together`` (dspy.BetterTogether: the prompt arm best on
 the validation set, or ``--together-p``, then MMGRPO, which keeps, drops or internalizes its demos as
 ``--together-demos`` says). DSPy's optimizers run on :class:`wfc.lm.LocalLM` handles of the one engine,
 under wfc's compact adapter (the one the demo's artifact runs with), with DSPy's defaults otherwise.
 
     python benchmarks/vs_dspy.py --seed 0 --out runs/vs_dspy/seed0.json            # every arm
     python benchmarks/vs_dspy.py --seed 0 --arms uncompiled,labeled --out ...       # some
+    python benchmarks/vs_dspy.py --task extract --seed 0 --arms uncompiled,mipro,mmgrpo,together   # a suite task
 
 The ``mipro`` arm needs optuna (``pip install -e '.[bench]'``); a missing one is said before any arm runs.
 Each arm's row is written as it finishes (atomically); arms already in ``--out`` are skipped, so a killed run goes on
@@ -34,7 +36,9 @@ import dspy
 
 from compilers import MMGRPO, evaluate
 from compilers.finetune import finetunable
+from compilers.config import MMGRPOConfig
 from compilers.presets import arithmetic
+from compilers.presets.suite import TASKS
 from compilers.recipes import get_recipe
 from compilers.student_demos import RULES as STUDENT_DEMOS
 from wfc.adapter import CompactChatAdapter
@@ -46,6 +50,7 @@ ARMS = ("uncompiled", "labeled", "bfrs", "mipro", "gepa", "finetune", "mmgrpo", 
 # arms whose optimizer imports an optional package only when it gets to it (MIPROv2: after its proposals, ~25 min in)
 NEEDS = {"mipro": ("optuna", "MIPROv2")}
 PROMPT_ARMS = ("labeled", "bfrs", "mipro", "gepa")
+DEMO = "arithmetic"  # the suite task that is make demo's: it compiles with the demo's recipe
 THREADS = 32  # DSPy's worker threads: the engine batches their concurrent calls
 
 
@@ -62,14 +67,22 @@ def arms_problem(names: list[str]) -> str | None:
     return None
 
 
-def gepa_metric(gold, pred, trace=None, pred_name=None, pred_trace=None):
-    """The demo's metric in GEPA's five-argument form (score only, no textual feedback)."""
-    return arithmetic.metric()(gold, pred, trace)
+def recipe(task: str, seed: int, steps: int | None) -> dict[str, Any]:
+    """MMGRPO's settings for ``task``: the demo's recipe and steps for the demo; for every other suite task what the
+    suite compiles with, ``MMGRPO(metric)`` and no recipe (``benchmarks/suite.py``). ``steps`` overrides."""
+    base = {**get_recipe(arithmetic.RECIPE), "steps": arithmetic.STEPS} if task == DEMO else {}
+    return {**base, "seed": seed, **({"steps": steps} if steps is not None else {})}
 
 
-def prompt_optimizer(name: str, *, seed: int, lm: LocalLM, reflection: LocalLM,
+def gepa_metric(metric: Callable) -> Callable:
+    """``metric`` in GEPA's five-argument form (score only, no textual feedback)."""
+    def scored(gold, pred, trace=None, pred_name=None, pred_trace=None):
+        return metric(gold, pred, trace)
+    return scored
+
+
+def prompt_optimizer(name: str, *, seed: int, lm: LocalLM, reflection: LocalLM, metric: Callable,
                      bfrs_candidates: int = 16) -> dspy.teleprompt.Teleprompter:
-    metric = arithmetic.metric()
     if name == "labeled":
         return dspy.LabeledFewShot()
     if name == "bfrs":
@@ -79,7 +92,7 @@ def prompt_optimizer(name: str, *, seed: int, lm: LocalLM, reflection: LocalLM,
         return dspy.MIPROv2(metric, auto="light", prompt_model=reflection, task_model=lm, num_threads=THREADS,
                             seed=seed)
     if name == "gepa":
-        return dspy.GEPA(gepa_metric, auto="light", reflection_lm=reflection, num_threads=THREADS, seed=seed)
+        return dspy.GEPA(gepa_metric(metric), auto="light", reflection_lm=reflection, num_threads=THREADS, seed=seed)
     raise ValueError(f"unknown prompt arm {name!r}: one of {PROMPT_ARMS}")
 
 
@@ -92,7 +105,7 @@ def compile_kwargs(optimizer, trainset, valset, seed: int) -> dict[str, Any]:
     return kwargs
 
 
-def held_out(program: dspy.Module, examples, engine, max_tokens: int) -> dict[str, Any]:
+def held_out(program: dspy.Module, examples, engine, metric: Callable, max_tokens: int) -> dict[str, Any]:
     """Greedy accuracy and interval of a CompiledProgram (its adapters) or a plain program (each predictor on its
     LocalLM's adapter: the base, or what BootstrapFinetune trained)."""
     if isinstance(program, CompiledProgram):
@@ -100,28 +113,29 @@ def held_out(program: dspy.Module, examples, engine, max_tokens: int) -> dict[st
     else:
         inner, roles = program, {path: p.lm.adapter for path, p in program.named_predictors()
                                  if isinstance(p.lm, LocalLM)}
-    out = evaluate(inner, examples, engine, metric=arithmetic.metric(), adapters=roles, max_tokens=max_tokens)
+    out = evaluate(inner, examples, engine, metric=metric, adapters=roles, max_tokens=max_tokens)
     return {"accuracy": out["accuracy"], "interval": list(out["interval"])}
 
 
 class Bench:
-    def __init__(self, seed: int, out: Path, reflection_model: str | None, *, model: str = "smollm2-135m",
-                 limit: int | None = None, steps: int = arithmetic.STEPS, bfrs_candidates: int = 16,
-                 together_p: str | None = None, together_demos: str = "keep"):
+    def __init__(self, seed: int, out: Path, reflection_model: str | None, *, task: str = DEMO,
+                 model: str = "smollm2-135m", limit: int | None = None, steps: int | None = None,
+                 bfrs_candidates: int = 16, together_p: str | None = None, together_demos: str = "keep"):
         self.seed, self.out, self.picked, self.bfrs_candidates = seed, out, None, bfrs_candidates
         self.together_p, self.together_demos = together_p, together_demos
         self.rows: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
-        task = arithmetic.demo_task()
-        self.trainset, self.valset, self.testset = (list(s[:limit]) if limit else list(s)
-                                                    for s in (task.trainset, task.valset, task.testset))
-        self.recipe = {**get_recipe(arithmetic.RECIPE), "steps": steps, "seed": seed}
-        self.max_tokens = self.recipe["max_tokens"]
+        suite_task = TASKS[task]
+        self.metric, self.make_program = suite_task.metric, suite_task.program
+        splits = suite_task.splits().head(limit)
+        self.trainset, self.valset, self.testset = splits.train, splits.val, splits.test
+        self.recipe = recipe(task, seed, steps)
+        self.max_tokens = MMGRPOConfig(**self.recipe).max_tokens
         self.engine = HFEngine(model)
         self.lm = LocalLM(self.engine, max_tokens=self.max_tokens)
         self.reflection = LocalLM(reflection_model or self.engine, max_tokens=256, temperature=1.0)
 
     def student(self, lm: LocalLM | None = None) -> dspy.Module:
-        program = arithmetic.program()
+        program = self.make_program()
         program.set_lm(lm or self.lm)
         return program
 
@@ -142,8 +156,8 @@ class Bench:
             row = {"minutes": round(minutes, 2), "lm_calls": counts["rows"], "prompt_tokens": counts["prompt_tokens"],
                    "completion_tokens": counts["completion_tokens"],
                    "load_15m": round(os.getloadavg()[2], 1),  # wall minutes mean little on a busy machine
-                   "val": held_out(program, self.valset, self.engine, self.max_tokens)["accuracy"],
-                   **held_out(program, self.testset, self.engine, self.max_tokens)}
+                   "val": held_out(program, self.valset, self.engine, self.metric, self.max_tokens)["accuracy"],
+                   **held_out(program, self.testset, self.engine, self.metric, self.max_tokens)}
             if name == "bfrs":
                 row["num_candidate_programs"] = self.bfrs_candidates
             if isinstance(program, CompiledProgram):
@@ -164,15 +178,15 @@ class Bench:
         if name == "uncompiled":
             return self.student
         if name in PROMPT_ARMS:
-            opt = prompt_optimizer(name, seed=self.seed, lm=self.lm, reflection=self.reflection,
+            opt = prompt_optimizer(name, seed=self.seed, lm=self.lm, reflection=self.reflection, metric=self.metric,
                                    bfrs_candidates=self.bfrs_candidates)
             return lambda: opt.compile(self.student(), **compile_kwargs(opt, train, val, self.seed))
         if name == "finetune":  # DSPy's rejection-sampling fine-tune, its LoRA trained on the local model
-            opt = dspy.BootstrapFinetune(arithmetic.metric(), num_threads=THREADS)
+            opt = dspy.BootstrapFinetune(self.metric, num_threads=THREADS)
             return lambda: opt.compile(self.student(finetunable(self.lm)), trainset=train)
         if name == "mmgrpo":
-            return lambda: MMGRPO(arithmetic.metric(), **self.recipe).compile(
-                self.student(), trainset=train, valset=val, run_dir=Path("runs") / f"vs-dspy-mmgrpo-{self.seed}")
+            return lambda: MMGRPO(self.metric, **self.recipe).compile(
+                self.student(), trainset=train, valset=val, run_dir=self.out.with_name(f"{self.out.stem}-mmgrpo"))
         if name == "together":
             return self.together
         raise ValueError(f"unknown arm {name!r}: one of {ARMS}")
@@ -184,25 +198,30 @@ class Bench:
                              "name one with --together-p")
         best = self.together_p or max(ran, key=ran.get)
         self.picked = best
-        p = prompt_optimizer(best, seed=self.seed, lm=self.lm, reflection=self.reflection,
+        p = prompt_optimizer(best, seed=self.seed, lm=self.lm, reflection=self.reflection, metric=self.metric,
                              bfrs_candidates=self.bfrs_candidates)
-        w = MMGRPO(arithmetic.metric(), **self.recipe, student_demos=self.together_demos)
-        return dspy.BetterTogether(arithmetic.metric(), p=p, w=w).compile(
+        w = MMGRPO(self.metric, **self.recipe, student_demos=self.together_demos)
+        return dspy.BetterTogether(self.metric, p=p, w=w).compile(
             self.student(), trainset=self.trainset, valset=self.valset, strategy="p -> w",
             optimizer_compile_args={"p": {k: v for k, v in compile_kwargs(p, [], [], self.seed).items()
-                                          if k not in ("trainset", "valset")}})
+                                          if k not in ("trainset", "valset")},
+                                    "w": {"run_dir": self.out.with_name(f"{self.out.stem}-together")}})
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, in order; from {','.join(ARMS)}")
-    ap.add_argument("--out", type=Path, default=None, help="default runs/vs_dspy/seed<SEED>.json")
+    ap.add_argument("--task", choices=sorted(TASKS), default=DEMO,
+                    help="the suite task (compilers.presets.suite): its program, splits and metric; the demo "
+                         f"({DEMO}) compiles with its recipe, the others as the suite does (MMGRPO(metric))")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default runs/vs_dspy/seed<SEED>.json (the demo), runs/vs_dspy/<TASK>-seed<SEED>.json")
     ap.add_argument("--reflection-model", default=None,
                     help="a model for MIPROv2's proposer and GEPA's reflection (default: the local model itself)")
     ap.add_argument("--model", default="smollm2-135m", help="the base model (tests: tiny)")
     ap.add_argument("--limit", type=int, default=None, help="use the first N examples of each split (smoke runs)")
-    ap.add_argument("--steps", type=int, default=arithmetic.STEPS, help="MMGRPO's steps (the demo's by default)")
+    ap.add_argument("--steps", type=int, default=None, help="MMGRPO's steps (default: the task's recipe's)")
     ap.add_argument("--bfrs-candidates", type=int, default=16,
                     help="BootstrapFewShotWithRandomSearch's num_candidate_programs (DSPy's default 16: on the 2-core "
                          "CPU each bootstrapped candidate takes ~9 min, so the reported run used fewer, and says so)")
@@ -216,10 +235,11 @@ def main(argv: list[str] | None = None) -> None:
     if problem := arms_problem(names):
         ap.error(problem)
     logging.getLogger("dspy").setLevel(logging.WARNING)
-    out = args.out or Path("runs/vs_dspy") / f"seed{args.seed}.json"
+    out = args.out or Path("runs/vs_dspy") / (f"seed{args.seed}.json" if args.task == DEMO
+                                              else f"{args.task}-seed{args.seed}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    bench = Bench(args.seed, out, args.reflection_model, model=args.model, limit=args.limit, steps=args.steps,
-                  bfrs_candidates=args.bfrs_candidates, together_p=args.together_p,
+    bench = Bench(args.seed, out, args.reflection_model, task=args.task, model=args.model, limit=args.limit,
+                  steps=args.steps, bfrs_candidates=args.bfrs_candidates, together_p=args.together_p,
                   together_demos=args.together_demos)
     for name in names:
         bench.run(name, bench.arm(name))

@@ -56,3 +56,16 @@ def test_together_runs_a_named_prompt_arm_and_internalizes_its_demos(tmp_path):
     assert "error" not in row, row
     assert row["picked"] == "labeled" and row["student_demos"] == "internalize"
     assert row["strategy"] in ("uncompiled", "p", "p -> w")
+
+
+def test_a_suite_task_runs_its_own_program_metric_and_recipe(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    vs_dspy.main(["--model", "tiny", "--task", "extract", "--limit", "4", "--steps", "1", "--seed", "3",
+                  "--arms", "uncompiled,mmgrpo"])
+    out = tmp_path / "runs" / "vs_dspy" / "extract-seed3.json"
+    rows = json.loads(out.read_text())
+    assert "error" not in rows["mmgrpo"], rows["mmgrpo"]
+    assert (tmp_path / "runs" / "vs_dspy" / "extract-seed3-mmgrpo" / "metrics.jsonl").is_file()
+    # the suite's settings (no recipe), not the demo's: the demo's recipe answers in 12 tokens
+    assert vs_dspy.recipe("extract", 3, None) == {"seed": 3}
+    assert vs_dspy.recipe("arithmetic", 0, None)["steps"] == 14 and vs_dspy.recipe("arithmetic", 0, 2)["steps"] == 2
