@@ -7,7 +7,8 @@ Arms: ``uncompiled``; ``labeled`` (LabeledFewShot); ``bfrs`` (BootstrapFewShotWi
 ``compilers.finetune``); ``mmgrpo`` (the demo's recipe on the demo, ``MMGRPO(metric)`` as the suite runs it on
 the other tasks); ``together`` (dspy.BetterTogether: the prompt arm best on
 the validation set, or ``--together-p``, then MMGRPO, which keeps, drops or internalizes its demos as
-``--together-demos`` says). DSPy's optimizers run on :class:`wfc.lm.LocalLM` handles of the one engine,
+``--together-demos`` says; a prompt arm run before, in this ``--out``, is replayed from its recorded program, not
+run again). DSPy's optimizers run on :class:`wfc.lm.LocalLM` handles of the one engine,
 under wfc's compact adapter (the one the demo's artifact runs with), with DSPy's defaults otherwise.
 
     python benchmarks/vs_dspy.py --seed 0 --out runs/vs_dspy/seed0.json            # every arm
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import dspy
+from pydantic import BaseModel
 
 from compilers import MMGRPO, evaluate
 from compilers.finetune import finetunable
@@ -52,6 +54,13 @@ NEEDS = {"mipro": ("optuna", "MIPROv2")}
 PROMPT_ARMS = ("labeled", "bfrs", "mipro", "gepa")
 DEMO = "arithmetic"  # the suite task that is make demo's: it compiles with the demo's recipe
 THREADS = 32  # DSPy's worker threads: the engine batches their concurrent calls
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=lambda o: o.model_dump(mode="json") if isinstance(o, BaseModel)
+                              else str(o)))
+    os.replace(tmp, path)
 
 
 def arms_problem(names: list[str]) -> str | None:
@@ -105,6 +114,46 @@ def compile_kwargs(optimizer, trainset, valset, seed: int) -> dict[str, Any]:
     return kwargs
 
 
+def prompt_state(program: dspy.Module) -> dict[str, Any]:
+    """What a prompt optimizer changed in ``program``: per role, its instructions and its demos (as dicts)."""
+    return {role: {"instructions": p.signature.instructions,
+                   "demos": [dict(d.items()) if isinstance(d, dspy.Example) else dict(d) for d in p.demos]}
+            for role, p in program.named_predictors()}
+
+
+class Replay(dspy.teleprompt.Teleprompter):
+    """A prompt arm's result, recorded by an earlier run of that arm (:func:`prompt_state`), as an optimizer: its
+    ``compile`` gives the student those instructions and demos. ``together`` uses it so that BetterTogether's p step
+    is the very program the prompt arm's row measured, not a second run of the optimizer (tens of minutes here)."""
+
+    def __init__(self, state: dict[str, Any]):
+        super().__init__()
+        self.state = state
+
+    def compile(self, student: dspy.Module, *, trainset=None, valset=None) -> dspy.Module:
+        program = student.deepcopy()
+        by_role = dict(program.named_predictors())
+        if set(by_role) != set(self.state):
+            raise ValueError(f"the recorded prompt program has roles {sorted(self.state)}, the student "
+                             f"{sorted(by_role)}: record it again from this program")
+        for role, saved in self.state.items():
+            pred = by_role[role]
+            pred.signature = pred.signature.with_instructions(saved["instructions"])
+            pred.demos = [dspy.Example(**{k: revive(v, pred.signature, k) for k, v in d.items()})
+                          for d in saved["demos"]]
+        return program
+
+
+def revive(value: Any, signature, name: str) -> Any:
+    """A recorded demo value as its field's type: a pydantic model's fields (recorded as JSON) back into the model, so
+    the adapter renders the demo as it did when the prompt optimizer chose it."""
+    info = signature.fields.get(name)
+    kind = getattr(info, "annotation", None)
+    if isinstance(value, dict) and isinstance(kind, type) and issubclass(kind, BaseModel):
+        return kind.model_validate(value)
+    return value
+
+
 def held_out(program: dspy.Module, examples, engine, metric: Callable, max_tokens: int) -> dict[str, Any]:
     """Greedy accuracy and interval of a CompiledProgram (its adapters) or a plain program (each predictor on its
     LocalLM's adapter: the base, or what BootstrapFinetune trained)."""
@@ -121,7 +170,8 @@ class Bench:
     def __init__(self, seed: int, out: Path, reflection_model: str | None, *, task: str = DEMO,
                  model: str = "smollm2-135m", limit: int | None = None, steps: int | None = None,
                  bfrs_candidates: int = 16, together_p: str | None = None, together_demos: str = "keep"):
-        self.seed, self.out, self.picked, self.bfrs_candidates = seed, out, None, bfrs_candidates
+        self.seed, self.out, self.bfrs_candidates = seed, out, bfrs_candidates
+        self.picked, self.replayed = None, False  # together's prompt arm, and whether its recorded program was used
         self.together_p, self.together_demos = together_p, together_demos
         self.rows: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
         suite_task = TASKS[task]
@@ -160,18 +210,21 @@ class Bench:
                    **held_out(program, self.testset, self.engine, self.metric, self.max_tokens)}
             if name == "bfrs":
                 row["num_candidate_programs"] = self.bfrs_candidates
+            if name in PROMPT_ARMS:  # recorded for BetterTogether's p step (``together``)
+                write_json(self.prompt_path(name), prompt_state(program))
             if isinstance(program, CompiledProgram):
                 row["adapters"] = sorted(set(program.roles.values()) - {None})
             if name == "together":  # the prompt arm it ran first, and the candidate BetterTogether returned
-                row["picked"], row["student_demos"] = self.picked, self.together_demos
+                row.update(picked=self.picked, p_replayed=self.replayed, student_demos=self.together_demos)
                 row["strategy"] = program.candidate_programs[0]["strategy"] or "uncompiled"
         except Exception as exc:  # an optimizer that cannot run here is a result too: say why
             row = {"error": f"{type(exc).__name__}: {str(exc)[:500]}", "minutes": round((time.time() - t0) / 60, 2)}
         self.rows[name] = row
-        tmp = self.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.rows, indent=1))
-        os.replace(tmp, self.out)
+        write_json(self.out, self.rows)
         print(f"{name}: {row}")
+
+    def prompt_path(self, arm: str) -> Path:
+        return self.out.with_name(f"{self.out.stem}-{arm}-prompts.json")
 
     def arm(self, name: str) -> Callable[[], dspy.Module]:
         train, val = self.trainset, self.valset
@@ -197,9 +250,11 @@ class Bench:
             raise ValueError("run at least one prompt arm before 'together' (it picks the best on validation), or "
                              "name one with --together-p")
         best = self.together_p or max(ran, key=ran.get)
-        self.picked = best
-        p = prompt_optimizer(best, seed=self.seed, lm=self.lm, reflection=self.reflection, metric=self.metric,
-                             bfrs_candidates=self.bfrs_candidates)
+        recorded = self.prompt_path(best)
+        self.picked, self.replayed = best, recorded.exists()
+        p = Replay(json.loads(recorded.read_text())) if recorded.exists() else prompt_optimizer(
+            best, seed=self.seed, lm=self.lm, reflection=self.reflection, metric=self.metric,
+            bfrs_candidates=self.bfrs_candidates)
         w = MMGRPO(self.metric, **self.recipe, student_demos=self.together_demos)
         return dspy.BetterTogether(self.metric, p=p, w=w).compile(
             self.student(), trainset=self.trainset, valset=self.valset, strategy="p -> w",

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 
+import dspy
 import pytest
 
 from benchmarks import vs_dspy
+from compilers.presets.suite import TASKS, Person
 
 
 def test_arms_write_rows_and_a_rerun_skips_them(tmp_path, capsys):
@@ -24,6 +26,7 @@ def test_arms_write_rows_and_a_rerun_skips_them(tmp_path, capsys):
     assert rows["mmgrpo"]["lm_calls"] > 0 and rows["mmgrpo"]["completion_tokens"] > 0
     assert rows["mmgrpo"]["adapters"] == ["shared"]
     assert rows["together"]["picked"] == "labeled" and rows["together"]["strategy"] in ("uncompiled", "p", "p -> w")
+    assert rows["together"]["p_replayed"]  # the labeled arm's recorded program, not a second run
     # the random model passes nothing, so BootstrapFinetune has nothing to train on: said, not hidden (it trains in
     # tests/compilers/test_finetune.py)
     assert "no training data" in rows["finetune"]["error"]
@@ -54,7 +57,7 @@ def test_together_runs_a_named_prompt_arm_and_internalizes_its_demos(tmp_path):
                   "--together-p", "labeled", "--together-demos", "internalize"])
     row = json.loads(out.read_text())["together"]
     assert "error" not in row, row
-    assert row["picked"] == "labeled" and row["student_demos"] == "internalize"
+    assert row["picked"] == "labeled" and not row["p_replayed"] and row["student_demos"] == "internalize"
     assert row["strategy"] in ("uncompiled", "p", "p -> w")
 
 
@@ -69,3 +72,30 @@ def test_a_suite_task_runs_its_own_program_metric_and_recipe(tmp_path, monkeypat
     # the suite's settings (no recipe), not the demo's: the demo's recipe answers in 12 tokens
     assert vs_dspy.recipe("extract", 3, None) == {"seed": 3}
     assert vs_dspy.recipe("arithmetic", 0, None)["steps"] == 14 and vs_dspy.recipe("arithmetic", 0, 2)["steps"] == 2
+
+
+def test_together_replays_the_prompt_arm_recorded_before_instead_of_running_it_again(tmp_path):
+    out = tmp_path / "extract-seed0.json"
+    args = ["--model", "tiny", "--task", "extract", "--limit", "4", "--steps", "1", "--out", str(out)]
+    vs_dspy.main([*args, "--arms", "labeled"])
+    recorded = json.loads((tmp_path / "extract-seed0-labeled-prompts.json").read_text())
+    assert [len(r["demos"]) for r in recorded.values()] == [4]  # LabeledFewShot: the (limited) trainset
+    vs_dspy.main([*args, "--arms", "together", "--together-demos", "drop"])
+    row = json.loads(out.read_text())["together"]
+    assert "error" not in row, row
+    assert row["picked"] == "labeled" and row["p_replayed"] and row["lm_calls"] > 0  # the w step ran
+
+
+def test_replay_revives_pydantic_demo_values_and_refuses_another_program(tmp_path):
+    program = TASKS["extract"].program()
+    [(role, pred)] = program.named_predictors()
+    gold = dspy.Example(text="Ann Lee, 30, lives in Rome.", person=Person(name="Ann Lee", age=30, city="Rome"))
+    pred.demos = [gold]
+    vs_dspy.write_json(tmp_path / "state.json", vs_dspy.prompt_state(program))
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert isinstance(next(iter(state.values()))["demos"][0]["person"], dict)  # recorded as JSON
+    replayed = vs_dspy.Replay(state).compile(TASKS["extract"].program())
+    [demo] = dict(replayed.named_predictors())[role].demos
+    assert dict(demo.items()) == dict(gold.items())  # the model itself again, not its JSON
+    with pytest.raises(ValueError, match="record it again"):
+        vs_dspy.Replay(state).compile(TASKS["multistep"].program())
