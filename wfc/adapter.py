@@ -29,6 +29,7 @@ from typing import Any
 from dspy.adapters.chat_adapter import ChatAdapter
 from dspy.adapters.utils import parse_value
 from dspy.utils.exceptions import AdapterParseError
+from pydantic import BaseModel
 
 from wfc.verdict import read_verdict
 
@@ -52,6 +53,18 @@ def _as_bool(text: str) -> bool:
         raise ValueError(f"expected yes/no, got {text[:40]!r}" if text.strip() else
                          "empty answer where yes/no was expected")
     return verdict
+
+
+def reply_text(value: Any) -> str:
+    """A single output's value written as this adapter reads it back (:func:`coerce`) and as a JSON-typed field's
+    grammar writes it (``wfc.constrain``: compact JSON, no space after ``,`` or ``:``): JSON for pydantic models,
+    dicts, lists and tuples; ``str`` otherwise. A demo or a fine-tuning target written with ``str`` would show a model
+    as ``name='Ann' age=30``, which no completion of it may be."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, default=str, separators=(",", ":"))
+    return str(value)
 
 
 def coerce(text: str, annotation: Any) -> Any:
@@ -121,7 +134,7 @@ class CompactChatAdapter(ChatAdapter):
         for demo in demos or []:
             if field in demo:
                 messages.append({"role": "user", "content": self._user_content(signature, demo)})
-                messages.append({"role": "assistant", "content": str(demo[field])})
+                messages.append({"role": "assistant", "content": reply_text(demo[field])})
         # The demos' user turns stay bare: the reminder closes the conversation once, right before the answer.
         messages.append({"role": "user", "content": f"{self._user_content(signature, inputs)}\n{reply}"})
         return messages
@@ -132,7 +145,7 @@ class CompactChatAdapter(ChatAdapter):
         field = self._single_output(signature)
         if field is None:
             return super().format_assistant_message_content(signature, outputs, missing_field_message)
-        return str(outputs.get(field, missing_field_message or ""))
+        return reply_text(outputs[field]) if field in outputs else (missing_field_message or "")
 
     def parse(self, signature, completion: str) -> dict[str, Any]:
         field = self._single_output(signature)

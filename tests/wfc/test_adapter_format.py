@@ -2,8 +2,9 @@
 (where a 135M model follows it), demos as bare user/assistant turns."""
 
 import dspy
+from pydantic import BaseModel
 
-from wfc.adapter import CompactChatAdapter
+from wfc.adapter import CompactChatAdapter, reply_text
 
 
 def test_the_reminder_closes_the_last_user_turn_and_demos_stay_bare():
@@ -36,3 +37,23 @@ def test_fine_tuning_data_replies_the_way_the_adapter_parses():
     data = adapter.format_finetune_data(two, demos=[], inputs={"question": "3 + 4?"},
                                         outputs={"reasoning": "add", "answer": 7})
     assert adapter.parse(two, data["messages"][-1]["content"]) == {"reasoning": "add", "answer": 7}
+
+
+class City(BaseModel):
+    name: str
+    population: int
+
+
+def test_structured_values_are_shown_and_taught_as_the_json_the_adapter_reads_back():
+    """A pydantic, dict or list output in a demo or a fine-tuning target is written as JSON (what ``parse`` reads and
+    what the field's grammar writes), never as Python's ``str`` of it (``name='Oslo' population=700000``)."""
+    adapter = CompactChatAdapter()
+    sig = dspy.Signature({"text": (str, dspy.InputField()), "city": (City, dspy.OutputField())}, "Read the city.")
+    city = City(name="Oslo", population=700000)
+    messages = adapter.format(sig, [dspy.Example(text="Oslo has 700000 people.", city=city)], {"text": "x"})
+    assert messages[2] == {"role": "assistant", "content": '{"name":"Oslo","population":700000}'}
+    reply = adapter.format_finetune_data(sig, [], {"text": "x"}, {"city": city})["messages"][-1]["content"]
+    assert reply == messages[2]["content"] and adapter.parse(sig, reply) == {"city": city}
+    listed = dspy.Signature("text -> names: list[str]", "List them.")
+    assert adapter.parse(listed, reply_text(["a", "b c"])) == {"names": ["a", "b c"]}
+    assert reply_text({"a": 1}) == '{"a":1}' and reply_text(12) == "12" and reply_text("twelve") == "twelve"
