@@ -236,7 +236,7 @@ class Bench:
             return lambda: opt.compile(self.student(), **compile_kwargs(opt, train, val, self.seed))
         if name == "finetune":  # DSPy's rejection-sampling fine-tune, its LoRA trained on the local model
             opt = dspy.BootstrapFinetune(self.metric, num_threads=THREADS)
-            return lambda: opt.compile(self.student(finetunable(self.lm)), trainset=train)
+            return lambda: opt.compile(self.student(finetunable(self.lm, seed=self.seed)), trainset=train)
         if name == "mmgrpo":
             return lambda: MMGRPO(self.metric, **self.recipe).compile(
                 self.student(), trainset=train, valset=val, run_dir=self.out.with_name(f"{self.out.stem}-mmgrpo"))

@@ -20,15 +20,19 @@ Contract:
   ``wfc/<base>@<adapter>``; ``LocalLM.copy(model=...)`` (what DSPy calls with it) routes the copy through it.
 - Where the weights live: an HF engine trains its own policy (colocated); any other engine gets a policy of its own
   base, kept by this provider, and the new adapter is handed to the engine (``engine.load_adapters``).
+- Seeded: the new LoRA's initial weights and the batches are functions of ``seed`` (a setting, below) and of the
+  data as a set: the examples are sorted first, since DSPy gathers them from its threads in the order they finish.
 - ``train_kwargs`` (DSPy's per-LM settings) may set ``num_train_epochs``/``epochs``, ``learning_rate``/``lr``,
   ``batch_size``/``per_device_train_batch_size`` and ``seed``; any other key is a ValueError naming these.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any, Mapping, Sequence
 
+import torch
 from dspy.clients.provider import Provider
 from dspy.clients.utils_finetune import TrainDataFormat
 
@@ -115,14 +119,19 @@ class LocalFinetune(Provider):
                 raise ValueError(f"the LM runs on adapter {start!r}, which this engine holds but no trainable policy "
                                  "does: fine-tune from the base model (a LocalLM with adapter=None) or on an HF engine")
             name = fresh_adapter(policy.adapters)
-            policy.add_adapter(name, policy.lora_config(start) if start else self.lora.peft_config())
-            if start:
-                policy.restore_adapter(name, policy.adapter_state(start))
-            rows = chat_rows(self.engine, train_data, name)
-            result = fine_tune(policy, rows, config=WarmStartConfig(warm_start_epochs=opts["epochs"],
-                                                                    warm_start_batch=opts["batch"]),
-                               update=UpdateConfig(), guards=GuardsConfig(), temperature=1.0, seed=opts["seed"],
-                               rates={name: opts["learning_rate"]}, distributed=SingleProcess())
+            # DSPy gathers the data from its worker threads, in whatever order they finish: sorted, the seeded
+            # batches do not depend on thread timing
+            data = sorted(train_data, key=lambda d: json.dumps(d, sort_keys=True, default=str))
+            with torch.random.fork_rng():  # the LoRA init and any dropout draw from the seed; no one else's draws move
+                torch.manual_seed(opts["seed"])
+                policy.add_adapter(name, policy.lora_config(start) if start else self.lora.peft_config())
+                if start:
+                    policy.restore_adapter(name, policy.adapter_state(start))
+                rows = chat_rows(self.engine, data, name)
+                result = fine_tune(policy, rows, config=WarmStartConfig(warm_start_epochs=opts["epochs"],
+                                                                        warm_start_batch=opts["batch"]),
+                                   update=UpdateConfig(), guards=GuardsConfig(), temperature=1.0, seed=opts["seed"],
+                                   rates={name: opts["learning_rate"]}, distributed=SingleProcess())
             if policy is not self.engine.policy:
                 self.engine.load_adapters(policy.export([name]))
             self.jobs.append({"adapter": name, "from": start or None, "rows": len(rows), **result})

@@ -97,3 +97,19 @@ def test_bootstrap_finetune_trains_a_new_adapter_of_the_local_model(engine):
         lm.provider.finetune(None, lm.model, [_chat("a", "b")], TrainDataFormat.COMPLETION)
     with pytest.raises(ValueError, match="no training data"):
         lm.provider.finetune(None, lm.model, [], TrainDataFormat.CHAT)
+
+
+def test_the_fine_tune_is_the_seeds_whatever_order_the_threads_hand_the_data_in(engine):
+    data = [_chat(f"{a} + 2?", str(a + 2)) for a in range(5)]
+    lm = LocalLM(engine)
+    outside = torch.random.get_rng_state()
+
+    def tune(seed: int, items) -> dict[str, torch.Tensor]:
+        provider = LocalFinetune(engine, epochs=1, batch=2, learning_rate=1e-2, seed=seed)
+        name = provider.finetune(None, lm.model, items, TrainDataFormat.CHAT).partition("@")[2]
+        return _lora(engine.policy, name)
+
+    first, shuffled, other = tune(3, data), tune(3, data[::-1]), tune(4, data)
+    assert all(torch.equal(first[k], shuffled[k]) for k in first)  # same seed, data in another order: same weights
+    assert not all(torch.equal(first[k], other[k]) for k in first)  # another seed: another init and order
+    assert torch.equal(torch.random.get_rng_state(), outside)  # the global generator did not move
