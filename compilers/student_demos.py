@@ -15,7 +15,9 @@ stage touches the program:
 
 Why not always ``keep``: measured on SmolLM2-135M (the demo, seed 0, docs/results.md), MIPROv2's demos made every
 prompt several times longer and the demo's 14 GRPO steps climbed more slowly from that program than from the
-zero-shot one (0.537 held-out against 0.720).
+zero-shot one (0.537 held-out against 0.720). And ``internalize`` is no free lunch there: one fine-tune step on
+MIPROv2's 4 voter demos at GRPO's rate took the step-0 validation from 0.14 to 0.00 (the voters learned to answer a
+bare number at once), so it is an option to measure, not a default.
 
 Invariants: only demos holding every input and output field of their role's signature are internalized (a labeled
 demo of a ``ChainOfThought`` role has no ``reasoning``: it is counted in ``incomplete`` and dropped untrained); a
