@@ -16,8 +16,9 @@ under wfc's compact adapter (the one the demo's artifact runs with), with DSPy's
     python benchmarks/vs_dspy.py --task extract --seed 0 --arms uncompiled,mipro,mmgrpo,together   # a suite task
 
 The ``mipro`` arm needs optuna (``pip install -e '.[bench]'``); a missing one is said before any arm runs.
-Each arm's row is written as it finishes (atomically); arms already in ``--out`` are skipped, so a killed run goes on
-(an arm whose row holds an error runs again).
+Each arm's row is written as it finishes (atomically, merged with the rows on disk, so two processes may run other
+arms into one ``--out``); arms already in ``--out`` are skipped, so a killed run goes on (an arm whose row holds an
+error runs again).
 A row: held-out accuracy with its 95% interval, validation accuracy (what ``together`` picks by), wall minutes, LM
 calls and prompt/completion tokens (the engine's counters over the arm), or the error an optimizer raised.
 """
@@ -219,7 +220,8 @@ class Bench:
                 row["strategy"] = program.candidate_programs[0]["strategy"] or "uncompiled"
         except Exception as exc:  # an optimizer that cannot run here is a result too: say why
             row = {"error": f"{type(exc).__name__}: {str(exc)[:500]}", "minutes": round((time.time() - t0) / 60, 2)}
-        self.rows[name] = row
+        # merged with what is on disk now: another process may have written other arms to the same --out meanwhile
+        self.rows = {**(json.loads(self.out.read_text()) if self.out.exists() else {}), name: row}
         write_json(self.out, self.rows)
         print(f"{name}: {row}")
 

@@ -99,3 +99,12 @@ def test_replay_revives_pydantic_demo_values_and_refuses_another_program(tmp_pat
     assert dict(demo.items()) == dict(gold.items())  # the model itself again, not its JSON
     with pytest.raises(ValueError, match="record it again"):
         vs_dspy.Replay(state).compile(TASKS["multistep"].program())
+
+
+def test_two_processes_writing_one_out_keep_each_others_rows(tmp_path):
+    out = tmp_path / "seed0.json"
+    first = vs_dspy.Bench(0, out, None, model="tiny", limit=2)
+    second = vs_dspy.Bench(0, out, None, model="tiny", limit=2)  # read the file before the first wrote to it
+    first.run("uncompiled", first.arm("uncompiled"))
+    second.run("labeled", second.arm("labeled"))
+    assert list(json.loads(out.read_text())) == ["uncompiled", "labeled"]
