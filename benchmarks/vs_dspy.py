@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 import dspy
 from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 
 from compilers import MMGRPO, evaluate
 from compilers.finetune import finetunable
@@ -59,8 +60,7 @@ THREADS = 32  # DSPy's worker threads: the engine batches their concurrent calls
 
 def write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=lambda o: o.model_dump(mode="json") if isinstance(o, BaseModel)
-                              else str(o)))
+    tmp.write_text(json.dumps(data, indent=1, default=to_jsonable_python))  # pydantic demo values as JSON
     os.replace(tmp, path)
 
 
@@ -118,7 +118,7 @@ def compile_kwargs(optimizer, trainset, valset, seed: int) -> dict[str, Any]:
 def prompt_state(program: dspy.Module) -> dict[str, Any]:
     """What a prompt optimizer changed in ``program``: per role, its instructions and its demos (as dicts)."""
     return {role: {"instructions": p.signature.instructions,
-                   "demos": [dict(d.items()) if isinstance(d, dspy.Example) else dict(d) for d in p.demos]}
+                   "demos": [dict(d.items()) for d in p.demos]}
             for role, p in program.named_predictors()}
 
 

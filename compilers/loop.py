@@ -244,6 +244,11 @@ class CompileRun:
                              "reasons": self.plan.reasons, "learning_rates": self.rates, "frozen_roles": self.frozen,
                              "skip_frozen": self.sections.sampling.skip_frozen})
 
+    def sft_rates(self) -> dict[str, float]:
+        """Adapter -> the learning rate of a supervised fine-tune before GRPO (the warm start, internalized demos):
+        ``warm_start_lr``, else the adapter's GRPO rate."""
+        return {a: self.sections.warm_start.warm_start_lr or r for a, r in self.rates.items()}
+
     def student_demos(self) -> None:
         """``student_demos`` (``compilers.student_demos``): keep the student's own demos, drop them, or fine-tune each
         trained role on its demos and then drop them. A fresh run logs a ``student_demos`` record (also in the
@@ -265,7 +270,7 @@ class CompileRun:
                   "learning_rates": None, "loss_before": None, "loss_after": None}
         if calls.chats:
             sec = self.sections
-            rates = {a: sec.warm_start.warm_start_lr or r for a, r in self.rates.items()}
+            rates = self.sft_rates()
             record["learning_rates"] = rates
             record.update(fine_tune(self.policy, demo_rows(self.engine, calls, self.role_adapters),
                                     config=sec.warm_start, update=sec.update, guards=sec.guards,
@@ -358,7 +363,7 @@ class CompileRun:
         sec = self.sections
         warm = sec.warm_start
         self.state.loop.spent += counts["completion_tokens"]
-        rates = {a: warm.warm_start_lr or r for a, r in self.rates.items()}
+        rates = self.sft_rates()
         record = {"kind": "warm_start", "runs_per_example": runs_per_example, **counts,
                   "successes": role_counts(harvest.kept, self.trained), "duplicates": harvest.duplicates,
                   "capped": harvest.capped, "unconcluded": harvest.unconcluded, "trained": bool(harvest.kept),
